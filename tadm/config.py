@@ -141,6 +141,7 @@ class TrainConfig:
     refresh_choices: list[int] = spec([1, 2, 4, 8], nonempty=True, ge=1)  # K ~ U{...}
     budget_choices: list[int] = spec([128, 256, 512, 1024, 2048, 4096], nonempty=True, ge=1)
     eval_every: int = spec(10_000, ge=1)
+    eval_sequences: int = spec(256, ge=1)  # validation sequences scored at each evaluation
     checkpoint_every: int = spec(10_000, ge=1)
     log_every: int = spec(100, ge=1)
 

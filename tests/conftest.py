@@ -7,3 +7,40 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+import copy  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+
+def micro_raw(**overrides) -> dict:
+    """The micro profile as a raw mapping, with `section.key` overrides."""
+    from tadm import config
+
+    raw = copy.deepcopy(config.render_profile("micro"))
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".")
+        raw[section][key] = value
+    return raw
+
+
+def write_params(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="session")
+def micro_packed(tmp_path_factory) -> Path:
+    """Packed token shards of the micro profile (corpus -> BPE -> pack), built once."""
+    from tadm import config
+    from tadm.data import corpus, packing, tokenizer
+
+    p = config.from_dict(micro_raw())
+    root = tmp_path_factory.mktemp("micro_data")
+    corpus.build(p.corpus, root / "corpus")
+    tokenizer.build(p.tokenizer, root / "corpus", root / "tokenizer")
+    packing.build(p.packing, root / "corpus", tokenizer.load_tokenizer(root / "tokenizer"), root / "packed")
+    return root / "packed"

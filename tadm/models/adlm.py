@@ -1,0 +1,54 @@
+"""ADLM (Rout et al., 2025): an anchor DiT that predicts tokens, then a denoiser DiT on its output.
+
+    anchor:   z_t -> embedding (V+1, d) -> anchor_layers DiT blocks -> final layer -> anchor logits (V+1)
+    denoiser: softmax(anchor logits) -> Linear(V+1, d) -> denoiser_layers DiT blocks -> final layer -> logits (V+1)
+
+Choice: the denoiser reads the anchor's predicted *distribution* (softmax over all V+1 logits),
+not a hard sample, so x_theta(z_t) = x_D(y_A(z_t)) is differentiable end to end and the
+anchor loss and the diffusion loss both train the anchor. The mask entry is kept (Linear has
+V+1 inputs): the anchor loss ignores the mask logit, so its probability is a free per-position
+channel the anchor can use to tell the denoiser how unresolved a position still is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tadm.config import ModelConfig
+from tadm.models.base import TadmModel
+from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
+
+
+class ADLM(TadmModel):
+    model_type = "adlm"
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, seq_len: int):
+        super().__init__(cfg, vocab_size, seq_len)
+        d, n_out = cfg.d_model, vocab_size + 1
+        stack = dict(d_model=d, n_heads=cfg.n_heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout)
+        # anchor network
+        self.embed = token_embedding(n_out, d)
+        self.anchor_cond = ConditionEmbedder()
+        self.anchor_blocks = DiTStack(cfg.anchor_layers, **stack)
+        self.anchor_final = DiTFinalLayer(d, n_out)
+        # denoiser network
+        self.denoiser_in = torch.nn.Linear(n_out, d)
+        self.denoiser_cond = ConditionEmbedder()
+        self.denoiser_blocks = DiTStack(cfg.denoiser_layers, **stack)
+        self.final = DiTFinalLayer(d, n_out)
+
+    def anchor(self, z_t: torch.Tensor) -> torch.Tensor:
+        """z_t (B, L) -> anchor logits (B, L, V+1)."""
+        c = self.anchor_cond()
+        return self.anchor_final(self.anchor_blocks(self.embed(z_t), c), c)
+
+    def denoise(self, anchor_logits: torch.Tensor) -> torch.Tensor:
+        """Anchor logits (B, L, V+1) -> denoiser logits (B, L, V+1)."""
+        probs = torch.softmax(anchor_logits.float(), dim=-1).to(anchor_logits.dtype)
+        c = self.denoiser_cond()
+        return self.final(self.denoiser_blocks(self.denoiser_in(probs), c), c)
+
+    def forward(self, z_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """z_t (B, L) -> (logits, anchor_logits), both (B, L, V+1)."""
+        anchor_logits = self.anchor(z_t)
+        return self.denoise(anchor_logits), anchor_logits

@@ -1,0 +1,268 @@
+"""What every model shares: construction signature, a registry, and save / load.
+
+A checkpoint is a directory with two files:
+
+    config.json        {"model_type", "vocab_size", "seq_len", "model": ModelConfig, "format_version": 1}
+    model.safetensors  the state dict (every tensor, strict names)
+
+``model.save_pretrained(dir)`` writes both (each atomically, weights first); ``load_pretrained(dir)``
+rebuilds the right class from config.json and loads the weights strictly. Loading is all or
+nothing: every tensor name and shape is checked *before* a single weight is copied, so a bad
+checkpoint raises :class:`CheckpointError` (one line naming the culprit) and leaves the model
+exactly as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+import torch.nn as nn
+
+from tadm.config import ModelConfig
+from tadm.errors import DataError
+from tadm.io import atomic_path
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+FORMAT_VERSION = 1
+MAX_LISTED = 5  # mismatched tensors named in an error message before "+N more"
+
+MODEL_REGISTRY: dict[str, type["TadmModel"]] = {}
+
+
+class CheckpointError(DataError):
+    """A checkpoint directory is missing, unreadable, or does not fit the model."""
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+# --------------------------------------------------------------------------- base class
+
+
+class TadmModel(nn.Module):
+    """Base of MDLM, ADLM, TADM, SEDD and AR: ``Cls(cfg, vocab_size, seq_len)``.
+
+    Token ids 0..V-1 are the vocabulary; the absorbing mask token is ``mask_id == V``.
+    Subclasses set ``model_type`` and are registered under it automatically.
+    """
+
+    model_type: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.model_type:
+            MODEL_REGISTRY[cls.model_type] = cls
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, seq_len: int):
+        super().__init__()
+        check_model_args(cfg, vocab_size, seq_len)
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.seq_len = seq_len
+
+    @property
+    def mask_id(self) -> int:
+        return self.vocab_size
+
+    def config_dict(self) -> dict:
+        return {
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "seq_len": self.seq_len,
+            "model": dataclasses.asdict(self.cfg),
+            "format_version": FORMAT_VERSION,
+        }
+
+    # ------------------------------------------------------------------ save
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write config.json and model.safetensors into `directory` (created if needed).
+
+        Each file goes to a temporary sibling and is renamed into place, so an interrupted
+        save never leaves a half-written file; other files in the directory are kept.
+        The weights are written first, so config.json only appears once they are complete.
+        """
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
+        with atomic_path(directory / WEIGHTS_FILE) as tmp:
+            # one metadata key only: safetensors writes its metadata map in hash order, so two
+            # keys would make the bytes of identical weights differ from run to run
+            # (the format version lives in config.json)
+            save_file(tensors, str(tmp), metadata={"model_type": self.model_type})
+        with atomic_path(directory / CONFIG_FILE) as tmp:
+            tmp.write_text(json.dumps(self.config_dict(), indent=2, sort_keys=True) + "\n")
+        return directory
+
+    # ------------------------------------------------------------------ load
+
+    def load_weights(self, directory: str | Path) -> "TadmModel":
+        """Load ``<directory>/model.safetensors`` (or a .safetensors file) into this model, strictly.
+
+        Raises CheckpointError naming missing / unexpected / wrongly shaped tensors; on any
+        error no weight of this model has changed.
+        """
+        path = Path(directory)
+        if path.is_dir():
+            path = path / WEIGHTS_FILE
+        tensors = read_safetensors(path)
+        kind = _saved_model_type(path)
+        source = f"{path} (a {kind!r} checkpoint)" if kind and kind != self.model_type else str(path)
+        self.load_tensors(tensors, source=source)
+        return self
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
+        """Strict, all-or-nothing ``load_state_dict``: validate every name and shape first."""
+        shape, missing, unexpected = state_dict_mismatches(self.state_dict(), tensors)
+        problems = shape + [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
+        if problems:
+            listed = "; ".join(problems[:MAX_LISTED])
+            more = f"; +{len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+            raise CheckpointError(
+                f"{source} does not fit {type(self).__name__} "
+                f"(d_model={self.cfg.d_model}, vocab_size={self.vocab_size}): {len(problems)} tensor(s) differ "
+                f"({len(shape)} shape, {len(missing)} missing, {len(unexpected)} unexpected): {listed}{more}"
+            )
+        with torch.no_grad():
+            self.load_state_dict(dict(tensors), strict=True)
+
+
+def state_dict_mismatches(model_sd: Mapping[str, torch.Tensor], ckpt: Mapping[str, torch.Tensor]
+                          ) -> tuple[list[str], list[str], list[str]]:
+    """(shape mismatches as "name: checkpoint (..) vs model (..)", missing names, unexpected names)."""
+    shape = [
+        f"{k}: checkpoint {tuple(ckpt[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in model_sd.items() if k in ckpt and tuple(ckpt[k].shape) != tuple(v.shape)
+    ]
+    missing = [k for k in model_sd if k not in ckpt]
+    unexpected = [k for k in ckpt if k not in model_sd]
+    return shape, missing, unexpected
+
+
+def _saved_model_type(path: Path) -> str | None:
+    """The model_type recorded in a safetensors file's metadata, if any (for error messages)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("model_type")
+    except Exception:
+        return None
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read every tensor of a safetensors file onto the CPU; any failure is a CheckpointError."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint weights {str(path)!r} do not exist")
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as e:  # SafetensorError, OSError, ... : truncated, corrupted or not safetensors
+        raise CheckpointError(
+            f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): "
+            f"{type(e).__name__}: {_one_line(e)}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- config checks
+
+
+def check_model_args(cfg: ModelConfig, vocab_size: int, seq_len: int) -> None:
+    """Reject sizes no model can be built with (ValueError: a programming / config mistake)."""
+    for name in ("d_model", "n_heads", "mlp_ratio", "mdlm_layers", "anchor_layers", "denoiser_layers"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
+        raise ValueError(f"model.d_model ({cfg.d_model}) must be n_heads ({cfg.n_heads}) times an even head dim")
+    if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float)) or not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"model.dropout must be in [0, 1), got {cfg.dropout!r}")
+    for name, value in (("vocab_size", vocab_size), ("seq_len", seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _registry() -> dict[str, type[TadmModel]]:
+    import tadm.models  # noqa: F401  (importing the package registers every architecture)
+
+    return MODEL_REGISTRY
+
+
+def build_model(model_type: str, cfg: ModelConfig, vocab_size: int, seq_len: int) -> TadmModel:
+    """Build a fresh model of `model_type` ("mdlm", "adlm", "tadm", "sedd", "ar")."""
+    registry = _registry()
+    if model_type not in registry:
+        raise ValueError(f"unknown model_type {model_type!r}; known: {', '.join(sorted(registry))}")
+    return registry[model_type](cfg, vocab_size, seq_len)
+
+
+def read_checkpoint_config(directory: str | Path) -> tuple[str, ModelConfig, int, int]:
+    """Parse and validate ``<directory>/config.json`` -> (model_type, cfg, vocab_size, seq_len)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {str(directory)!r} does not exist")
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{str(path)!r} does not exist (not a checkpoint directory, or an interrupted save)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{str(path)!r} is not valid JSON: {_one_line(e)}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{str(path)!r} must hold a JSON object")
+    missing = [k for k in ("model_type", "vocab_size", "seq_len", "model", "format_version") if k not in raw]
+    if missing:
+        raise CheckpointError(f"{str(path)!r} lacks key(s): {', '.join(missing)}")
+    if raw["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{str(path)!r}: unsupported format_version {raw['format_version']!r} (this code reads {FORMAT_VERSION})")
+    registry = _registry()
+    if raw["model_type"] not in registry:
+        raise CheckpointError(f"{str(path)!r}: unknown model_type {raw['model_type']!r}; known: {', '.join(sorted(registry))}")
+    if not isinstance(raw["model"], dict):
+        raise CheckpointError(f"{str(path)!r}: 'model' must be a mapping of ModelConfig fields")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(raw["model"]) - fields)
+    if unknown:
+        raise CheckpointError(f"{str(path)!r}: unknown model field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(fields))}")
+    cfg = ModelConfig(**raw["model"])
+    try:
+        check_model_args(cfg, raw["vocab_size"], raw["seq_len"])
+    except ValueError as e:
+        raise CheckpointError(f"{str(path)!r}: {e}") from None
+    return raw["model_type"], cfg, raw["vocab_size"], raw["seq_len"]
+
+
+def load_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> TadmModel:
+    """Rebuild the model saved in `directory` and load its weights strictly.
+
+    The model is returned in eval mode on `map_location`. Any problem raises CheckpointError
+    with a one-line message.
+    """
+    model_type, cfg, vocab_size, seq_len = read_checkpoint_config(directory)
+    tensors = read_safetensors(Path(directory) / WEIGHTS_FILE)
+    model = build_model(model_type, cfg, vocab_size, seq_len)
+    model.load_tensors(tensors, source=str(Path(directory) / WEIGHTS_FILE))
+    return model.to(map_location).eval()
+
+
+# --------------------------------------------------------------------------- counting
+
+
+def count_parameters(params: nn.Module | Iterable[torch.Tensor]) -> int:
+    """Number of unique parameter elements of a module (or an iterable of parameters)."""
+    if isinstance(params, nn.Module):
+        params = params.parameters()
+    seen: dict[int, int] = {}
+    for p in params:
+        seen[id(p)] = p.numel()
+    return sum(seen.values())

@@ -1,0 +1,195 @@
+"""The Diffusion Transformer (DiT) block shared by every model in this repo.
+
+It follows MDLM's DiT (and ADLM's, which reuses it) with time conditioning switched off:
+
+    x = x + gate_a * Attn(modulate(LN(x), shift_a, scale_a))        # rotary, bidirectional
+    x = x + gate_m * MLP(modulate(LN(x), shift_m, scale_m))
+
+where (shift, scale, gate) x 2 come from ``adaLN_modulation(c)`` (zero-initialised, so every
+block starts as the identity). The conditioning vector c would normally embed the noise level;
+with ``time_conditioning=False`` MDLM still runs its sigma embedder, on sigma = 0, so c is a
+*learned constant*. :class:`ConditionEmbedder` reproduces exactly that.
+
+Nothing here needs flash-attn: attention is ``F.scaled_dot_product_attention``, which picks
+the best kernel available (flash / memory-efficient / math) on its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+COND_DIM = 128  # size of the conditioning vector c (MDLM's cond_dim)
+FREQ_DIM = 256  # sinusoidal features fed to the condition embedder (MDLM's default)
+ROPE_BASE = 10_000.0
+
+
+# --------------------------------------------------------------------------- small pieces
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with a learned scale and no bias (MDLM's DiT norm)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN: an affine transform whose parameters come from the conditioning vector."""
+    return x * (1 + scale) + shift
+
+
+def timestep_embedding(t: torch.Tensor, dim: int = FREQ_DIM, max_period: float = 10_000.0) -> torch.Tensor:
+    """Sinusoidal features of a scalar time per row: (B,) -> (B, dim) = [cos(t f); sin(t f)]."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    args = t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class ConditionEmbedder(nn.Module):
+    """The constant conditioning vector c of a DiT without time conditioning.
+
+    MDLM with ``time_conditioning=False`` feeds sigma = 0 through its timestep embedder
+    (256 sinusoidal features -> Linear -> SiLU -> Linear) and applies SiLU to the result; the
+    output is the same for every input but its weights are trained, so c is a learned constant.
+    """
+
+    def __init__(self, cond_dim: int = COND_DIM, freq_dim: int = FREQ_DIM):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim))
+
+    def forward(self) -> torch.Tensor:
+        """Return c with shape (1, cond_dim); it broadcasts over the batch."""
+        device = self.mlp[0].weight.device
+        t = torch.zeros(1, device=device)  # sigma = 0: no time conditioning
+        features = timestep_embedding(t, self.freq_dim).to(self.mlp[0].weight.dtype)
+        return F.silu(self.mlp(features))
+
+
+# --------------------------------------------------------------------------- rotary
+
+
+def rotary_cos_sin(seq_len: int, head_dim: int, device: torch.device | None = None,
+                   base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (seq_len, head_dim), for positions 0..seq_len-1 (fp32).
+
+    Channel i and channel i + head_dim/2 form a pair rotated by angle pos * base^(-2i/head_dim)
+    (the "rotate half" layout of GPT-NeoX / MDLM).
+    """
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (..., L, head_dim) by its position, so <R_m q, R_n k> depends on m - n only."""
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+# --------------------------------------------------------------------------- the block
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with rotary positions; bidirectional unless `causal`."""
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False):
+        super().__init__()
+        assert d_model % n_heads == 0 and (d_model // n_heads) % 2 == 0, "head dim must divide d and be even"
+        self.n_heads = n_heads
+        self.causal = causal
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        B, L, d = x.shape
+        # (B, L, 3d) -> three tensors of (B, H, L, head_dim)
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # values are not rotated
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(B, L, d))
+
+
+class DiTBlock(nn.Module):
+    """Pre-LN Transformer block with adaLN shift / scale / gate around attention and MLP."""
+
+    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int = 4, cond_dim: int = COND_DIM,
+                 dropout: float = 0.0, causal: bool = False):
+        super().__init__()
+        self.norm1 = LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, n_heads, causal)
+        self.norm2 = LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, mlp_ratio * d_model),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(mlp_ratio * d_model, d_model),
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.adaLN_modulation = nn.Linear(cond_dim, 6 * d_model)
+        nn.init.zeros_(self.adaLN_modulation.weight)  # gates start at 0: the block is the identity
+        nn.init.zeros_(self.adaLN_modulation.bias)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        mods = self.adaLN_modulation(c)[:, None].chunk(6, dim=-1)  # each (B or 1, 1, d)
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mods
+        x = x + gate_a * self.dropout(self.attn(modulate(self.norm1(x), shift_a, scale_a), rope))
+        x = x + gate_m * self.dropout(self.mlp(modulate(self.norm2(x), shift_m, scale_m)))
+        return x
+
+
+class DiTStack(nn.ModuleList):
+    """`n_layers` DiT blocks applied in order, sharing one rotary table per call.
+
+    A ModuleList, so parameters are named ``<stack>.<i>.attn.qkv.weight`` etc.
+    """
+
+    def __init__(self, n_layers: int, d_model: int, n_heads: int, mlp_ratio: int = 4,
+                 cond_dim: int = COND_DIM, dropout: float = 0.0, causal: bool = False):
+        super().__init__(DiTBlock(d_model, n_heads, mlp_ratio, cond_dim, dropout, causal) for _ in range(n_layers))
+        self.head_dim = d_model // n_heads
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        rope = rotary_cos_sin(x.shape[1], self.head_dim, x.device)
+        for block in self:
+            x = block(x, c, rope)
+        return x
+
+
+class DiTFinalLayer(nn.Module):
+    """Output head: LN + adaLN (shift, scale) + Linear(d, n_out). Zero-initialised like MDLM's,
+    so a fresh model predicts uniform logits."""
+
+    def __init__(self, d_model: int, n_out: int, cond_dim: int = COND_DIM):
+        super().__init__()
+        self.norm = LayerNorm(d_model)
+        self.linear = nn.Linear(d_model, n_out)
+        self.adaLN_modulation = nn.Linear(cond_dim, 2 * d_model)
+        for layer in (self.linear, self.adaLN_modulation):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c)[:, None].chunk(2, dim=-1)
+        return self.linear(modulate(self.norm(x), shift, scale))
+
+
+def token_embedding(n_tokens: int, d_model: int) -> nn.Embedding:
+    """Token embedding with MDLM's init (kaiming-uniform, i.e. U(-1/sqrt(d), 1/sqrt(d)))."""
+    emb = nn.Embedding(n_tokens, d_model)
+    nn.init.kaiming_uniform_(emb.weight, a=math.sqrt(5))
+    return emb

@@ -1,0 +1,75 @@
+"""TADM:Pretraining (paper Sec. 3, App. C.2): an anchor computed on a stale state, reused.
+
+    S   shared network     = the token embedding (V+1, d), applied to both z_t and z_t'
+    A   anchor network     = anchor_layers DiT blocks:        h_t' = A(S(z_t'))      (cached)
+    Phi fusion             = gated residual MLP:              h~ = Phi(S(z_t), h_t')
+    D   denoiser network   = denoiser_layers DiT blocks + LM head:  logits = D(h~)
+
+At inference the expensive ``anchor`` runs once every K reverse steps and ``denoise`` runs every
+step with the cached h. ``anchor_head`` (a final layer on h_t') exists only for the optional
+anchor cross-entropy of TADM-double-dagger; it is not part of the inference network
+(``inference_parameters``). A and D each have their own constant conditioning vector, as the
+two DiTs of ADLM do; the anchor head uses the anchor's.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from tadm.config import ModelConfig
+from tadm.models.base import TadmModel
+from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
+from tadm.models.fusion import Fusion
+
+
+class TADM(TadmModel):
+    model_type = "tadm"
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, seq_len: int):
+        super().__init__(cfg, vocab_size, seq_len)
+        d, n_out = cfg.d_model, vocab_size + 1
+        stack = dict(d_model=d, n_heads=cfg.n_heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout)
+        self.embed = token_embedding(n_out, d)  # S
+        self.anchor_cond = ConditionEmbedder()
+        self.anchor_blocks = DiTStack(cfg.anchor_layers, **stack)  # A
+        self.fusion = Fusion(d)  # Phi
+        self.denoiser_cond = ConditionEmbedder()
+        self.denoiser_blocks = DiTStack(cfg.denoiser_layers, **stack)  # D
+        self.final = DiTFinalLayer(d, n_out)  # D's LM head
+        self.anchor_head = DiTFinalLayer(d, n_out)  # training only
+
+    def anchor(self, z_tprime: torch.Tensor) -> torch.Tensor:
+        """S + A on the (stale) state z_t' (B, L) -> anchor h_t' (B, L, d). The cached state."""
+        return self.anchor_blocks(self.embed(z_tprime), self.anchor_cond())
+
+    def denoise(self, z_t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """S, Phi and D: current state z_t (B, L) and a cached anchor h (B, L, d) -> logits (B, L, V+1)."""
+        if h.shape[:2] != z_t.shape:
+            raise ValueError(f"anchor h has shape {tuple(h.shape)}, expected {tuple(z_t.shape)} + (d,) for z_t")
+        c = self.denoiser_cond()
+        x = self.fusion(self.embed(z_t), h)
+        return self.final(self.denoiser_blocks(x, c), c)
+
+    def forward(self, z_t: torch.Tensor, z_tprime: torch.Tensor, *, return_anchor_logits: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x_theta(z_t, z_t') logits (B, L, V+1); z_t' is z_t's equally or more masked stale state.
+
+        With ``return_anchor_logits=True`` returns (logits, anchor_logits(h_t')) from one call,
+        so a DDP-wrapped model can train the anchor head (which DDP only sees through forward).
+        """
+        h = self.anchor(z_tprime)
+        logits = self.denoise(z_t, h)
+        return (logits, self.anchor_logits(h)) if return_anchor_logits else logits
+
+    def anchor_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Training only: vocabulary logits (B, L, V+1) read off the anchor h (B, L, d)."""
+        return self.anchor_head(h, self.anchor_cond())
+
+    def inference_parameters(self) -> Iterator[nn.Parameter]:
+        """Every parameter sampling uses: all but the training-only anchor head."""
+        for name, p in self.named_parameters():
+            if not name.startswith("anchor_head."):
+                yield p

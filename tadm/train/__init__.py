@@ -1,0 +1,1 @@
+"""Training: one loop (`trainer`), one class per method (`methods`), checkpoints (`checkpoint`)."""

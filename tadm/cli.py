@@ -80,6 +80,26 @@ def cmd_train(args) -> None:
         print(json.dumps(summary))
 
 
+def cmd_count(args) -> None:
+    """Parameter counts of every model at the active profile, built on the meta device
+    (nothing is allocated, no optimizer). Paper profile: TADM 224M + 38.85M anchor head."""
+    import torch
+
+    from tadm.models import build_model, count_parameters
+
+    p = _params(args)
+    vocab = args.vocab or (50257 if p.tokenizer.kind == "gpt2" else p.tokenizer.vocab_size)
+    with torch.device("meta"):
+        for kind in ("mdlm", "adlm", "tadm", "sedd", "ar"):
+            m = build_model(kind, p.model, vocab, p.packing.seq_len)
+            if kind == "tadm":
+                head = count_parameters(m.anchor_head)
+                print(f"tadm: {count_parameters(m.inference_parameters()) / 1e6:.2f}M unique inference "
+                      f"parameters + {head / 1e6:.2f}M training-only anchor LM head")
+            else:
+                print(f"{kind}: {count_parameters(m) / 1e6:.2f}M parameters")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tadm", description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
@@ -105,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         if "tokenizer" in needs:
             p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
         p.set_defaults(func=func)
+    p = sub.add_parser("count", help="print every model's parameter count at the active profile")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the tokenizer's)")
+    p.set_defaults(func=cmd_count)
+
     p = sub.add_parser("train", help="train one model of train.models (resumes if interrupted); "
                        "multi-process: torchrun --nproc_per_node=N -m tadm train NAME")
     p.add_argument("run", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar")

@@ -397,7 +397,7 @@ def _glob_any(pattern: str) -> bool:
 
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
-        raise ConfigError(str(path.name), f"file {str(path)!r} does not exist", source=str(path))
+        raise ConfigError("", "file does not exist (create it with `python -m tadm profile default`)", source=str(path))
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

@@ -17,7 +17,7 @@ class ConfigError(TadmError):
 
     def __init__(self, key: str, message: str, source: str = "params.yaml"):
         self.key = key
-        super().__init__(f"{source}: {key}: {message}")
+        super().__init__(f"{source}: {key}: {message}" if key else f"{source}: {message}")
 
 
 class DataError(TadmError):

@@ -273,8 +273,9 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
             evals.append({"step": done, "val_nelbo": nelbo, "val_ppl_bound": math.exp(min(nelbo, 50))})
         if d.main and (done % p.train.checkpoint_every == 0 or done == p.train.steps):
             extra = {"fingerprint": fp, "history": history, "evals": evals, "init_nelbo": init_nelbo}
-            checkpoint.save(paths.checkpoints, checkpoint.TrainState(done, model.state_dict(), ema.state_dict(model),
-                                                                     opt.state_dict(), extra), names)
+            # keep two while training (a kill mid-write still leaves one); at the end only the last
+            state = checkpoint.TrainState(done, model.state_dict(), ema.state_dict(model), opt.state_dict(), extra)
+            checkpoint.save(paths.checkpoints, state, names, keep=1 if done == p.train.steps else 2)
             _write_rows(paths.metrics.with_suffix(".csv"), history)
             _write_rows(paths.metrics.parent / f"{name}_eval.csv", evals)
 

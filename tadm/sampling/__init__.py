@@ -1,0 +1,26 @@
+"""Sampling: one loop, one adapter call for every model, and TADM's anchor cache (Alg. 1).
+
+    adapter = make_adapter(model, refresh=BudgetSchedule())          # TADM: K from T (Table 2)
+    result = sample(adapter, SamplerSettings(sampler="remdm-loop", steps=4096, nucleus_p=0.9),
+                    num_samples=16, seq_len=1024)
+    result.tokens, result.counters.layer_calls_per_trajectory, result.refresh_steps
+"""
+
+from tadm.sampling.adapters import ADLMAdapter, Adapter, MDLMAdapter, TADMAdapter, make_adapter
+from tadm.sampling.anchor_cache import (
+    PAPER_REFRESH_SCHEDULE, AdaptiveDrift, AnchorCache, BudgetSchedule, FixedInterval, RefreshPolicy,
+    StaleAnchorError,
+)
+from tadm.sampling.base import SAMPLER_NAMES, SampleResult, SamplerSettings, StepInfo, Transition, sample
+from tadm.sampling.counters import ComputeCounter, instrument
+from tadm.sampling.mdlm import MDLMSampler, mdlm_posterior
+from tadm.sampling.remdm import LoopSchedule, ReMDMSampler, remdm_posterior, sigma_max
+
+__all__ = [
+    "Adapter", "MDLMAdapter", "ADLMAdapter", "TADMAdapter", "make_adapter",
+    "PAPER_REFRESH_SCHEDULE", "AnchorCache", "RefreshPolicy", "FixedInterval", "BudgetSchedule",
+    "AdaptiveDrift", "StaleAnchorError",
+    "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "StepInfo", "Transition", "sample",
+    "ComputeCounter", "instrument",
+    "MDLMSampler", "mdlm_posterior", "ReMDMSampler", "LoopSchedule", "remdm_posterior", "sigma_max",
+]

@@ -1,0 +1,162 @@
+"""One call for every model: ``adapter(z_t, step, t) -> logits (B, L, V+1)``.
+
+The samplers only ever see this call. An adapter wraps a loaded model, puts it in eval mode,
+owns the `ComputeCounter` that its hooks fill (only during the adapter's own calls), and keeps
+whatever state the model carries across steps:
+
+- `MDLMAdapter`   logits = MDLM(z_t)                                   (12 denoiser layers)
+- `ADLMAdapter`   logits, _ = ADLM(z_t)    anchor + denoiser every step (12 + 6 layers)
+- `TADMAdapter`   Alg. 1: h = A(S(z_t)) when the refresh policy says so (cached in an
+                  `AnchorCache`), then logits = D(Phi(S(z_t), h)) every step (6 layers + the
+                  anchor's 12 once per refresh)
+
+None of the models is time-conditioned; `t` is part of the call so a time-conditioned model
+could be adapted without touching the samplers. `step` counts reverse steps from 0 over the
+whole trajectory (all semi-AR blocks), and must not decrease within a trajectory.
+
+ddpm_cache (MDLM's exact skip, see `tadm.sampling.base`): the sampler asks `can_reuse(z_t,
+step)` before reusing the previous output for an unchanged canvas. It is always exact for
+MDLM / ADLM. For TADM the previous output D(Phi(S(z), h)) is what the model would return now
+only if the policy would *not* refresh at this step (same canvas, same h), so `can_reuse`
+returns False exactly when a refresh is due; a reused step never touches the cache (no
+refresh, no age bookkeeping), and the next real call refreshes if the policy says so.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+from torch import Tensor
+
+from tadm.models import TadmModel
+from tadm.sampling.anchor_cache import AnchorCache, FixedInterval, RefreshPolicy
+from tadm.sampling.counters import ComputeCounter, instrument
+
+
+class Adapter(abc.ABC):
+    """Base adapter: counting, the reuse question and the per-trajectory reset."""
+
+    model_type: str = ""
+
+    def __init__(self, model: TadmModel):
+        if self.model_type and model.model_type != self.model_type:
+            raise ValueError(f"{type(self).__name__} needs a {self.model_type!r} model, got {model.model_type!r}")
+        self.model = model.eval()
+        self.mask_id: int = model.mask_id
+        self.vocab_size: int = model.vocab_size
+        self.counter = ComputeCounter()
+        self._hooks = instrument(model, self.counter)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def start(self, total_steps: int) -> None:
+        """Begin a new reverse trajectory of `total_steps` steps (drops per-trajectory state)."""
+
+    def __call__(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        """Logits (B, L, V+1) for the canvas z_t (B, L) at reverse step `step`, time t."""
+        self.counter.model_calls += 1
+        with self.counter.counting():
+            return self.forward(z_t, step, t)
+
+    @abc.abstractmethod
+    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        """The model call proper (counted)."""
+
+    def can_reuse(self, z_t: Tensor, step: int) -> bool:
+        """Whether the previous output, computed on this same canvas, is exactly what a call
+        at `step` would return (ddpm_cache). True for stateless models."""
+        return True
+
+    @property
+    def refresh_steps(self) -> list[int] | None:
+        """Steps at which the anchor cache was refreshed this trajectory (None: no cache)."""
+        return None
+
+    def close(self) -> None:
+        """Remove the counting hooks from the model."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def __enter__(self) -> "Adapter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MDLMAdapter(Adapter):
+    model_type = "mdlm"
+
+    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        return self.model(z_t)
+
+
+class ADLMAdapter(Adapter):
+    model_type = "adlm"
+
+    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        self.counter.anchor_calls += 1
+        logits, _ = self.model(z_t)
+        return logits
+
+
+class TADMAdapter(Adapter):
+    """Alg. 1 with a refresh policy; `refresh=None` is FixedInterval(1) (a fresh anchor every step)."""
+
+    model_type = "tadm"
+
+    def __init__(self, model: TadmModel, refresh: RefreshPolicy | None = None):
+        super().__init__(model)
+        self.refresh = refresh if refresh is not None else FixedInterval(1)
+        self.policy: RefreshPolicy | None = None  # resolved for the run's T by start()
+        self.cache = AnchorCache()
+
+    def start(self, total_steps: int) -> None:
+        self.policy = self.refresh.resolve(total_steps)
+        self.cache.clear()
+
+    def shallow(self, z_t: Tensor) -> Tensor:
+        """S(z_t): the shared network (the token embedding)."""
+        return self.model.embed(z_t)
+
+    def _due(self, z_t: Tensor, step: int) -> bool:
+        if self.policy is None:
+            raise RuntimeError("TADMAdapter.start(total_steps) must be called before sampling")
+        return self.policy.due(self.cache, step, z_t, self.shallow)
+
+    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        if self._due(z_t, step):
+            self.counter.anchor_calls += 1
+            shallow = self.shallow(z_t) if self.policy.uses_shallow else None
+            self.cache.store(self.model.anchor(z_t), step, z_t, shallow)
+        h = self.cache.serve(step, self.policy.max_age)
+        return self.model.denoise(z_t, h)
+
+    def can_reuse(self, z_t: Tensor, step: int) -> bool:
+        return not self._due(z_t, step)
+
+    @property
+    def refresh_steps(self) -> list[int]:
+        return list(self.cache.refresh_steps)
+
+
+ADAPTERS: dict[str, type[Adapter]] = {"mdlm": MDLMAdapter, "adlm": ADLMAdapter, "tadm": TADMAdapter}
+
+
+def make_adapter(model: TadmModel, refresh: RefreshPolicy | None = None) -> Adapter:
+    """The adapter for a loaded model; `refresh` (TADM only) is its anchor refresh policy."""
+    kind = model.model_type
+    if kind not in ADAPTERS:
+        raise ValueError(
+            f"no sampling adapter for model_type {kind!r} (have: {', '.join(ADAPTERS)}); "
+            "SEDD's analytic sampler and the AR loop are separate"
+        )
+    if kind == "tadm":
+        return TADMAdapter(model, refresh)
+    if refresh is not None:
+        raise ValueError(f"a refresh policy only applies to TADM, not to {kind!r}")
+    return ADAPTERS[kind](model)

@@ -100,6 +100,34 @@ def cmd_count(args) -> None:
                 print(f"{kind}: {count_parameters(m) / 1e6:.2f}M parameters")
 
 
+def cmd_sample(args) -> None:
+    """Sample from a trained model (Alg. 1 for TADM) and print texts, compute and speed."""
+    import torch
+
+    from tadm.data.tokenizer import load_tokenizer
+    from tadm.errors import DataError
+    from tadm.models import load_pretrained
+    from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
+
+    p = _params(args)
+    model = load_pretrained(args.model)
+    if model.model_type not in ("mdlm", "adlm", "tadm"):
+        raise DataError(f"{args.model}: sampling a {model.model_type!r} model is not implemented yet (mdlm, adlm, tadm are)")
+    refresh = FixedInterval(args.refresh_every) if model.model_type == "tadm" else None
+    settings = SamplerSettings.from_config(p.sample, steps=args.steps, seed=args.seed,
+                                           **({"sampler": args.sampler} if args.sampler else {}))
+    with torch.no_grad():
+        result = sample(make_adapter(model, refresh), settings, num_samples=args.num, seq_len=model.seq_len)
+    tok = load_tokenizer(args.tokenizer)
+    for i, ids in enumerate(result.tokens.tolist()):
+        print(f"--- sample {i}\n{tok.decode(ids)}")
+    c = result.counters
+    print(json.dumps({"model": str(args.model), "settings": settings.as_dict(),
+                      "layer_calls_per_trajectory": c.layer_calls_per_trajectory,
+                      "anchor_calls": c.anchor_calls, "model_calls": c.model_calls,
+                      "tokens_per_s": result.tokens_per_second}))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tadm", description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
@@ -128,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("count", help="print every model's parameter count at the active profile")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the tokenizer's)")
     p.set_defaults(func=cmd_count)
+
+    p = sub.add_parser("sample", help="sample from a trained model (TADM reuses its anchor for K steps)")
+    p.add_argument("model", help="a model directory, e.g. models/tadm")
+    p.add_argument("--steps", type=int, default=128, help="reverse steps T")
+    p.add_argument("--refresh-every", type=int, default=1, help="TADM's anchor refresh interval K")
+    p.add_argument("--num", type=int, default=2, help="number of samples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sampler", default=None, help="mdlm | remdm-cap | remdm-rescale | remdm-conf | remdm-loop (default: sample.sampler)")
+    p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+    p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("train", help="train one model of train.models (resumes if interrupted); "
                        "multi-process: torchrun --nproc_per_node=N -m tadm train NAME")

@@ -33,3 +33,22 @@ def test_missing_params_file_is_one_line(tmp_path):
 def test_unknown_run_is_one_line(tmp_path):
     out = _run("train", "gpt5", cwd=config.ROOT)
     assert out.returncode == 2 and "unknown run 'gpt5'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sample_a_trained_tadm_with_anchor_reuse(micro_packed, tmp_path):
+    from tadm.train.trainer import train
+    from tests.conftest import micro_raw, write_params
+
+    raw = micro_raw(**{"train.steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2})
+    params = write_params(tmp_path / "params.yaml", raw)
+    train("tadm", config.load(params), data_dir=micro_packed, root=tmp_path, log=lambda *_: None)
+    out = _run("--params", str(params), "sample", str(tmp_path / "models/tadm"), "--steps", "8",
+               "--refresh-every", "2", "--num", "2", "--tokenizer", str(micro_packed.parent / "tokenizer"),
+               "--sampler", "mdlm")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("--- sample ") == 2
+    import json
+
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["anchor_calls"] == 4  # ceil(T / K) refreshes of one trajectory
+    assert summary["settings"]["precision"] == "float64"

@@ -134,7 +134,7 @@ def load_latest(run_dir: Path, param_names: list[str], fingerprint: str, log=pri
             log(f"skipping checkpoint: {e}")
             continue
         if state.extra.get("fingerprint") != fingerprint:
-            log(f"{run_dir} holds a run with other parameters or data: removing it, starting fresh")
+            log(f"{run_dir} holds a run with other parameters, data or code: removing it, starting fresh")
             clear(run_dir)
             return None
         return state

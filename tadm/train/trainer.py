@@ -151,11 +151,22 @@ def learning_rate(step: int, p: Params) -> float:
     return p.train.lr * min(1.0, (step + 1) / warm) if warm else p.train.lr
 
 
+# Source files whose change makes a checkpoint belong to another run (a resumed run must
+# continue exactly what it started: same objective, same architecture, same loop).
+CODE = ("train/trainer.py", "train/methods.py", "losses.py", "forward_process.py", "schedule.py", "models")
+
+
+def code_hash() -> str:
+    root = Path(__file__).resolve().parent.parent
+    files = sorted(f for c in CODE for f in ([root / c] if (root / c).is_file() else (root / c).rglob("*.py")))
+    return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
+
+
 def fingerprint(name: str, p: Params, data_manifest: Path) -> str:
-    """Identity of a run: the method, the model and training knobs, and the data."""
+    """Identity of a run: the method, the model and training knobs, the data and the code."""
     payload = json.dumps({"name": name, "seed": p.seed, "model": dataclasses.asdict(p.model),
-                          "train": dataclasses.asdict(p.train), "data": sha256_file(data_manifest)},
-                         sort_keys=True)
+                          "train": dataclasses.asdict(p.train), "data": sha256_file(data_manifest),
+                          "code": code_hash()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

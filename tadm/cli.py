@@ -111,8 +111,9 @@ def cmd_sample(args) -> None:
 
     p = _params(args)
     model = load_pretrained(args.model)
-    if model.model_type not in ("mdlm", "adlm", "tadm"):
-        raise DataError(f"{args.model}: sampling a {model.model_type!r} model is not implemented yet (mdlm, adlm, tadm are)")
+    if model.model_type not in ("mdlm", "adlm", "tadm", "sedd"):
+        raise DataError(f"{args.model}: `tadm sample` runs the diffusion models (mdlm, adlm, tadm, sedd); "
+                        f"AR samples with tadm.sampling.ar.sample_ar")
     refresh = FixedInterval(args.refresh_every) if model.model_type == "tadm" else None
     settings = SamplerSettings.from_config(p.sample, steps=args.steps, seed=args.seed,
                                            **({"sampler": args.sampler} if args.sampler else {}))
@@ -163,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh-every", type=int, default=1, help="TADM's anchor refresh interval K")
     p.add_argument("--num", type=int, default=2, help="number of samples")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sampler", default=None, help="mdlm | remdm-cap | remdm-rescale | remdm-conf | remdm-loop (default: sample.sampler)")
+    p.add_argument("--sampler", default=None, help="mdlm | remdm-cap | remdm-rescale | remdm-conf | remdm-loop | mdlm-fb | mdlm-dfm | "
+                   "sedd-analytic (default: sample.sampler)")
     p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
     p.set_defaults(func=cmd_sample)
 

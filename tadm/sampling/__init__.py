@@ -6,7 +6,7 @@
     result.tokens, result.counters.layer_calls_per_trajectory, result.refresh_steps
 """
 
-from tadm.sampling.adapters import ADLMAdapter, Adapter, MDLMAdapter, TADMAdapter, make_adapter
+from tadm.sampling.adapters import ADLMAdapter, Adapter, MDLMAdapter, SEDDAdapter, TADMAdapter, make_adapter
 from tadm.sampling.anchor_cache import (
     PAPER_REFRESH_SCHEDULE, AdaptiveDrift, AnchorCache, BudgetSchedule, FixedInterval, RefreshPolicy,
     StaleAnchorError,
@@ -15,6 +15,9 @@ from tadm.sampling.base import SAMPLER_NAMES, SampleResult, SamplerSettings, Ste
 from tadm.sampling.counters import ComputeCounter, instrument
 from tadm.sampling.mdlm import MDLMSampler, mdlm_posterior
 from tadm.sampling.remdm import LoopSchedule, ReMDMSampler, remdm_posterior, sigma_max
+from tadm.sampling.correctors import CorrectorSampler, dfm_posterior, fb_posterior, fb_remask_prob
+from tadm.sampling.sedd import SEDDAnalyticSampler, sedd_analytic_posterior
+from tadm.sampling.ar import ARSettings, next_token_probs, sample_ar
 
 __all__ = [
     "Adapter", "MDLMAdapter", "ADLMAdapter", "TADMAdapter", "make_adapter",
@@ -23,4 +26,6 @@ __all__ = [
     "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "StepInfo", "Transition", "sample",
     "ComputeCounter", "instrument",
     "MDLMSampler", "mdlm_posterior", "ReMDMSampler", "LoopSchedule", "remdm_posterior", "sigma_max",
+    "SEDDAdapter", "CorrectorSampler", "fb_posterior", "dfm_posterior", "fb_remask_prob",
+    "SEDDAnalyticSampler", "sedd_analytic_posterior", "ARSettings", "sample_ar", "next_token_probs",
 ]

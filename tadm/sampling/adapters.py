@@ -5,6 +5,7 @@ owns the `ComputeCounter` that its hooks fill (only during the adapter's own cal
 whatever state the model carries across steps:
 
 - `MDLMAdapter`   logits = MDLM(z_t)                                   (12 denoiser layers)
+- `SEDDAdapter`   logits = SEDD(z_t)    (its "analytic" sampler: tadm.sampling.sedd)
 - `ADLMAdapter`   logits, _ = ADLM(z_t)    anchor + denoiser every step (12 + 6 layers)
 - `TADMAdapter`   Alg. 1: h = A(S(z_t)) when the refresh policy says so (cached in an
                   `AnchorCache`), then logits = D(Phi(S(z_t), h)) every step (6 layers + the
@@ -95,6 +96,17 @@ class MDLMAdapter(Adapter):
         return self.model(z_t)
 
 
+class SEDDAdapter(Adapter):
+    """SEDD (absorbing): the same network as MDLM, so logits = SEDD(z_t) and the same counting
+    (all its layers booked as denoiser layers); use it with the "sedd-analytic" sampler.
+    `make_adapter` returns it for SEDD models; the sampler is "sedd-analytic" (or any MDLM one)."""
+
+    model_type = "sedd"
+
+    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        return self.model(z_t)
+
+
 class ADLMAdapter(Adapter):
     model_type = "adlm"
 
@@ -144,7 +156,8 @@ class TADMAdapter(Adapter):
         return list(self.cache.refresh_steps)
 
 
-ADAPTERS: dict[str, type[Adapter]] = {"mdlm": MDLMAdapter, "adlm": ADLMAdapter, "tadm": TADMAdapter}
+ADAPTERS: dict[str, type[Adapter]] = {"mdlm": MDLMAdapter, "adlm": ADLMAdapter, "tadm": TADMAdapter,
+                                      "sedd": SEDDAdapter}
 
 
 def make_adapter(model: TadmModel, refresh: RefreshPolicy | None = None) -> Adapter:
@@ -153,7 +166,7 @@ def make_adapter(model: TadmModel, refresh: RefreshPolicy | None = None) -> Adap
     if kind not in ADAPTERS:
         raise ValueError(
             f"no sampling adapter for model_type {kind!r} (have: {', '.join(ADAPTERS)}); "
-            "SEDD's analytic sampler and the AR loop are separate"
+            "AR samples with its own loop, tadm.sampling.ar.sample_ar"
         )
     if kind == "tadm":
         return TADMAdapter(model, refresh)

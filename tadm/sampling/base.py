@@ -45,7 +45,8 @@ from tadm.sampling.adapters import Adapter
 from tadm.sampling.counters import ComputeCounter
 from tadm.schedule import LogLinearSchedule, NoiseSchedule
 
-SAMPLER_NAMES = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop")
+SAMPLER_NAMES = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "mdlm-fb", "mdlm-dfm",
+                 "sedd-analytic")
 PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -249,6 +250,8 @@ class Sampler(abc.ABC):
 def build_sampler(settings: SamplerSettings, mask_id: int) -> Sampler:
     import tadm.sampling.mdlm  # noqa: F401  (registers the samplers)
     import tadm.sampling.remdm  # noqa: F401
+    import tadm.sampling.correctors  # noqa: F401
+    import tadm.sampling.sedd  # noqa: F401
 
     return SAMPLERS[settings.sampler](settings, mask_id)
 

@@ -148,7 +148,8 @@ def test_make_adapter_dispatch(tadm):
     assert make_adapter(tadm).refresh.K == 1  # default: a fresh anchor every step
     with pytest.raises(ValueError, match="only applies to TADM"):
         make_adapter(random_model("mdlm"), FixedInterval(2))
+    assert type(make_adapter(random_model("sedd"))).__name__ == "SEDDAdapter"
     with pytest.raises(ValueError, match="no sampling adapter"):
-        make_adapter(random_model("sedd"))
+        make_adapter(random_model("ar"))  # AR samples with its own loop (tadm.sampling.ar)
     with pytest.raises(RuntimeError, match="start"):
         TADMAdapter(tadm)(torch.full((1, 8), V), 0, 1.0)

@@ -37,7 +37,7 @@ def arch(name: str):
         overrides, vocab, seq_len = ARCH[name]
         return dataclasses.replace(config.ModelConfig(), **overrides), vocab, seq_len
     p = config.from_dict(config.render_profile(name))
-    vocab = 50257 if p.tokenizer.kind == "gpt2" else p.tokenizer.vocab_size
+    vocab = p.tokenizer.vocab_size  # 50,257 for gpt2 (validated)
     return p.model, vocab, p.packing.seq_len
 
 

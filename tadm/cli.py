@@ -88,7 +88,7 @@ def cmd_count(args) -> None:
     from tadm.models import build_model, count_parameters
 
     p = _params(args)
-    vocab = args.vocab or (50257 if p.tokenizer.kind == "gpt2" else p.tokenizer.vocab_size)
+    vocab = args.vocab or p.tokenizer.vocab_size
     with torch.device("meta"):
         for kind in ("mdlm", "adlm", "tadm", "sedd", "ar"):
             m = build_model(kind, p.model, vocab, p.packing.seq_len)

@@ -29,16 +29,12 @@ PROFILES_DIR = ROOT / "profiles"
 PARAMS_FILE = ROOT / "params.yaml"
 
 
-def _rule(**rules: Any) -> Any:
-    """Field metadata carrying range rules: ge, gt, le, lt, choices, path."""
-    return rules
-
-
 def spec(default: Any, **rules: Any) -> Any:
-    """A dataclass field with a default and validation rules."""
+    """A dataclass field with a default and validation rules in its metadata
+    (ge, gt, le, lt, length, nonempty, path_unless; see `_check_rules`)."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=_rule(**rules))
-    return field(default=default, metadata=_rule(**rules))
+        return field(default_factory=lambda d=default: type(d)(d), metadata=rules)
+    return field(default=default, metadata=rules)
 
 
 # --------------------------------------------------------------------------- sections

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from tadm.losses import sedd_log_scores
-from tadm.sampling.base import Sampler, Transition, alpha_at, freeze_outside, point_mass
+from tadm.sampling.base import Sampler, Transition, alpha_at, freeze_outside
 from tadm.sampling.mdlm import mdlm_posterior
 
 
@@ -35,15 +35,10 @@ def sedd_analytic_posterior(logits: Tensor, z_t: Tensor, alpha_t: float, alpha_s
     computed in `precision`; coefficients in Python float64."""
     if not 0.0 < alpha_t <= alpha_s <= 1.0 or alpha_t >= 1.0:
         raise ValueError(f"need 0 < alpha_t <= alpha_s <= 1 and alpha_t < 1, got alpha_t={alpha_t}, alpha_s={alpha_s}")
-    r_t = alpha_t / (1.0 - alpha_t)
-    score = sedd_log_scores(logits, mask_id, precision).exp() * r_t  # s_y, (B, L, V)
-    ratio = score / r_t  # estimate of q_0(y | z_t)
-    x_hat = ratio / ratio.sum(-1, keepdim=True)
-    from_mask = torch.zeros(*z_t.shape, mask_id + 1, dtype=precision, device=logits.device)
-    from_mask[..., :mask_id] = x_hat * ((alpha_s - alpha_t) / (1.0 - alpha_t))
-    from_mask[..., mask_id] = (1.0 - alpha_s) / (1.0 - alpha_t)
-    keep = point_mass(z_t, mask_id + 1, precision)
-    return torch.where((z_t == mask_id).unsqueeze(-1), from_mask, keep)
+    ratio = sedd_log_scores(logits, mask_id, precision).exp()  # s_y / r_t: estimate of q_0(y | z_t)
+    x_hat = ratio / ratio.sum(-1, keepdim=True)  # normalise the score part (module docstring)
+    x_theta = torch.cat([x_hat, x_hat.new_zeros(*x_hat.shape[:-1], 1)], dim=-1)  # mask column: 0
+    return mdlm_posterior(x_theta, z_t, alpha_t, alpha_s, mask_id)
 
 
 class SEDDAnalyticSampler(Sampler):

@@ -122,7 +122,7 @@ def candidates(run_dir: Path) -> list[Path]:
         if named in found:
             found.remove(named)
             found.insert(0, named)
-    return [p for p in found if p.is_dir() and not p.name.startswith(".")]
+    return [p for p in found if p.is_dir()]  # in-progress writes are hidden ".step_*" dirs
 
 
 def load_latest(run_dir: Path, param_names: list[str], fingerprint: str, log=print) -> TrainState | None:

@@ -69,8 +69,7 @@ def main() -> None:
     for rnd in range(args.warmup + args.repeats):
         for name, k in runs:
             model = models[name.split()[0]]
-            adapter = make_adapter(model, FixedInterval(k)) if k else make_adapter(model)
-            with torch.no_grad(), amp:
+            with make_adapter(model, FixedInterval(k)) if k else make_adapter(model) as adapter, amp:
                 res = sample(adapter, settings, num_samples=args.batch, seq_len=seq_len,
                              generator=torch.Generator(device=device).manual_seed(rnd))
             if device.type == "cuda":

@@ -129,6 +129,34 @@ def cmd_sample(args) -> None:
                       "tokens_per_s": result.tokens_per_second}))
 
 
+def cmd_compute_column(args) -> None:
+    """Table 2's compute column at T = 2048 / 4096 from real sampling runs (paper depths)."""
+    import csv
+    import io
+
+    from tadm.errors import DataError
+    from tadm.io import atomic_write_json, atomic_write_text
+    from tadm.sampling.accounting import PAPER_REFRESH_SCHEDULE, compute_column, to_markdown
+
+    unknown = [T for T in args.steps if T not in PAPER_REFRESH_SCHEDULE]
+    if unknown:
+        raise DataError(f"--steps {unknown}: Table 2 has a refresh interval only for T in {sorted(PAPER_REFRESH_SCHEDULE)}")
+    rows = []
+    for row in compute_column(args.steps):
+        rows.append(row)
+        print(json.dumps(row))
+    out = Path(args.out)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(out / "table2_compute.csv", buf.getvalue())
+    atomic_write_text(out / "table2_compute.md", to_markdown(rows))
+    matches = all(r["published"] is None or r["published"] == r["layer_calls"] for r in rows)
+    atomic_write_json(args.metrics, {f"T{r['T']}_{r['model']}": r["layer_calls"] for r in rows} | {"matches_paper": matches})
+    print(to_markdown(rows))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tadm", description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
@@ -168,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "sedd-analytic (default: sample.sampler)")
     p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
     p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("compute-column", help="Table 2's compute column counted from real sampling runs at the "
+                       "paper's depths (12/12/6 layers)")
+    p.add_argument("--steps", type=int, nargs="+", default=[2048, 4096], help="sampling budgets T")
+    p.add_argument("--out", default="paper_figures", help="directory for table2_compute.{md,csv}")
+    p.add_argument("--metrics", default="metrics/compute_column.json")
+    p.set_defaults(func=cmd_compute_column)
 
     p = sub.add_parser("train", help="train one model of train.models (resumes if interrupted); "
                        "multi-process: torchrun --nproc_per_node=N -m tadm train NAME")

@@ -42,11 +42,23 @@ class ADLM(TadmModel):
         c = self.anchor_cond()
         return self.anchor_final(self.anchor_blocks(self.embed(z_t), c), c)
 
+    def denoise_hidden(self, anchor_logits: torch.Tensor) -> torch.Tensor:
+        """Anchor logits (B, L, V+1) -> the denoiser's last hidden states (B, L, d)."""
+        probs = torch.softmax(anchor_logits.float(), dim=-1).to(anchor_logits.dtype)
+        return self.denoiser_blocks(self.denoiser_in(probs), self.denoiser_cond())
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The denoiser's output head on hidden states (..., N, d) -> logits (..., N, V+1)."""
+        return self.final(x, self.denoiser_cond())
+
+    def hidden(self, z_t: torch.Tensor) -> torch.Tensor:
+        """z_t (B, L) -> the denoiser's last hidden states (B, L, d) (the anchor runs in full:
+        the denoiser reads its distribution at every position)."""
+        return self.denoise_hidden(self.anchor(z_t))
+
     def denoise(self, anchor_logits: torch.Tensor) -> torch.Tensor:
         """Anchor logits (B, L, V+1) -> denoiser logits (B, L, V+1)."""
-        probs = torch.softmax(anchor_logits.float(), dim=-1).to(anchor_logits.dtype)
-        c = self.denoiser_cond()
-        return self.final(self.denoiser_blocks(self.denoiser_in(probs), c), c)
+        return self.head(self.denoise_hidden(anchor_logits))
 
     def forward(self, z_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """z_t (B, L) -> (logits, anchor_logits), both (B, L, V+1)."""

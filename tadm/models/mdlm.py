@@ -26,7 +26,15 @@ class MDLM(TadmModel):
         self.blocks = DiTStack(cfg.mdlm_layers, d, cfg.n_heads, cfg.mlp_ratio, dropout=cfg.dropout)
         self.final = DiTFinalLayer(d, vocab_size + 1)
 
+    def hidden(self, z_t: torch.Tensor) -> torch.Tensor:
+        """z_t: (B, L) token ids in 0..V -> the last block's output (B, L, d)."""
+        return self.blocks(self.embed(z_t), self.cond())
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The output head on hidden states (..., N, d) -> logits (..., N, V+1); samplers apply
+        it only to the positions they read."""
+        return self.final(x, self.cond())
+
     def forward(self, z_t: torch.Tensor) -> torch.Tensor:
         """z_t: (B, L) token ids in 0..V -> logits (B, L, V+1)."""
-        c = self.cond()
-        return self.final(self.blocks(self.embed(z_t), c), c)
+        return self.head(self.hidden(z_t))

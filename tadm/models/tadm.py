@@ -45,13 +45,25 @@ class TADM(TadmModel):
         """S + A on the (stale) state z_t' (B, L) -> anchor h_t' (B, L, d). The cached state."""
         return self.anchor_blocks(self.embed(z_tprime), self.anchor_cond())
 
-    def denoise(self, z_t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """S, Phi and D: current state z_t (B, L) and a cached anchor h (B, L, d) -> logits (B, L, V+1)."""
+    def denoise_hidden(self, z_t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """S, Phi and D's blocks: current state z_t (B, L) and a cached anchor h (B, L, d) ->
+        the denoiser's last hidden states (B, L, d)."""
         if h.shape[:2] != z_t.shape:
             raise ValueError(f"anchor h has shape {tuple(h.shape)}, expected {tuple(z_t.shape)} + (d,) for z_t")
-        c = self.denoiser_cond()
-        x = self.fusion(self.embed(z_t), h)
-        return self.final(self.denoiser_blocks(x, c), c)
+        return self.denoiser_blocks(self.fusion(self.embed(z_t), h), self.denoiser_cond())
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """D's LM head on hidden states (..., N, d) -> logits (..., N, V+1); samplers apply it
+        only to the positions they read."""
+        return self.final(x, self.denoiser_cond())
+
+    def denoise(self, z_t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """S, Phi and D: current state z_t (B, L) and a cached anchor h (B, L, d) -> logits (B, L, V+1)."""
+        return self.head(self.denoise_hidden(z_t, h))
+
+    def hidden(self, z_t: torch.Tensor, z_tprime: torch.Tensor) -> torch.Tensor:
+        """The full network up to D's head: denoise_hidden(z_t, anchor(z_t')) (B, L, d)."""
+        return self.denoise_hidden(z_t, self.anchor(z_tprime))
 
     def forward(self, z_t: torch.Tensor, z_tprime: torch.Tensor, *, return_anchor_logits: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -1,26 +1,37 @@
-"""One call for every model: ``adapter(z_t, step, t) -> logits (B, L, V+1)``.
+"""One call for every model: the network body, then its output head where the sampler reads.
 
-The samplers only ever see this call. An adapter wraps a loaded model, puts it in eval mode,
+    hidden = adapter.features(z_t, step, t)        # (B, L, d): the network up to the LM head
+    logits = adapter.project(hidden, rows)         # (N, V+1) at rows (B, L) bool; rows=None: (B, L, V+1)
+    logits = adapter(z_t, step, t)                 # both, on every position
+
+The samplers only ever see these calls. An adapter wraps a loaded model, puts it in eval mode,
 owns the `ComputeCounter` that its hooks fill (only during the adapter's own calls), and keeps
 whatever state the model carries across steps:
 
-- `MDLMAdapter`   logits = MDLM(z_t)                                   (12 denoiser layers)
-- `SEDDAdapter`   logits = SEDD(z_t)    (its "analytic" sampler: tadm.sampling.sedd)
-- `ADLMAdapter`   logits, _ = ADLM(z_t)    anchor + denoiser every step (12 + 6 layers)
+- `MDLMAdapter`   MDLM(z_t)                                            (12 denoiser layers)
+- `SEDDAdapter`   SEDD(z_t)    (its "analytic" sampler: tadm.sampling.sedd)
+- `ADLMAdapter`   anchor + denoiser every step (12 + 6 layers; the anchor's own head runs on
+                  every position, since the denoiser reads its distribution everywhere)
 - `TADMAdapter`   Alg. 1: h = A(S(z_t)) when the refresh policy says so (cached in an
-                  `AnchorCache`), then logits = D(Phi(S(z_t), h)) every step (6 layers + the
-                  anchor's 12 once per refresh)
+                  `AnchorCache`), then D(Phi(S(z_t), h)) every step (6 layers + the anchor's 12
+                  once per refresh)
+
+LM head only where needed: the output projection (d x (V+1), about a quarter of a step's FLOPs
+at the paper's size) is applied by `project` to the rows the sampler will read, the positions
+it decodes this step; a decoded token is carried over and a position that stays masked does not
+depend on x_theta, so nothing else is ever read (`tadm.sampling.base`).
 
 None of the models is time-conditioned; `t` is part of the call so a time-conditioned model
 could be adapted without touching the samplers. `step` counts reverse steps from 0 over the
 whole trajectory (all semi-AR blocks), and must not decrease within a trajectory.
 
-ddpm_cache (MDLM's exact skip, see `tadm.sampling.base`): the sampler asks `can_reuse(z_t,
-step)` before reusing the previous output for an unchanged canvas. It is always exact for
-MDLM / ADLM. For TADM the previous output D(Phi(S(z), h)) is what the model would return now
-only if the policy would *not* refresh at this step (same canvas, same h), so `can_reuse`
-returns False exactly when a refresh is due; a reused step never touches the cache (no
-refresh, no age bookkeeping), and the next real call refreshes if the policy says so.
+ddpm_cache (MDLM's exact skip, see `tadm.sampling.base`): the loop asks `can_reuse(z_t, step)`
+before skipping the network (nothing to decode) or reusing the last hidden states for an
+unchanged canvas. It is always exact for MDLM / ADLM. For TADM the last output D(Phi(S(z), h))
+is what the model would return now only if the policy would *not* refresh at this step (same
+canvas, same h), so `can_reuse` returns False exactly when a refresh is due; a skipped step
+never touches the cache (no refresh, no age bookkeeping), so refreshes happen at the same
+steps with and without ddpm_cache.
 """
 
 from __future__ import annotations
@@ -58,13 +69,25 @@ class Adapter(abc.ABC):
 
     def __call__(self, z_t: Tensor, step: int, t: float) -> Tensor:
         """Logits (B, L, V+1) for the canvas z_t (B, L) at reverse step `step`, time t."""
+        return self.project(self.features(z_t, step, t))
+
+    def features(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        """One network call (counted): the hidden states (B, L, d) that feed the output head."""
         self.counter.model_calls += 1
         with self.counter.counting():
-            return self.forward(z_t, step, t)
+            return self.hidden(z_t, step, t)
+
+    def project(self, hidden: Tensor, rows: Tensor | None = None) -> Tensor:
+        """The output head (counted) on every position, (B, L, V+1), or only at `rows` (B, L)
+        bool, (N, V+1) in row-major order."""
+        with self.counter.counting():
+            if rows is None:
+                return self.model.head(hidden)
+            return self.model.head(hidden[rows].unsqueeze(0)).squeeze(0)
 
     @abc.abstractmethod
-    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
-        """The model call proper (counted)."""
+    def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        """The model call proper, up to the output head."""
 
     def can_reuse(self, z_t: Tensor, step: int) -> bool:
         """Whether the previous output, computed on this same canvas, is exactly what a call
@@ -92,8 +115,8 @@ class Adapter(abc.ABC):
 class MDLMAdapter(Adapter):
     model_type = "mdlm"
 
-    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
-        return self.model(z_t)
+    def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        return self.model.hidden(z_t)
 
 
 class SEDDAdapter(Adapter):
@@ -103,17 +126,16 @@ class SEDDAdapter(Adapter):
 
     model_type = "sedd"
 
-    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
-        return self.model(z_t)
+    def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        return self.model.hidden(z_t)
 
 
 class ADLMAdapter(Adapter):
     model_type = "adlm"
 
-    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
+    def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
         self.counter.anchor_calls += 1
-        logits, _ = self.model(z_t)
-        return logits
+        return self.model.hidden(z_t)
 
 
 class TADMAdapter(Adapter):
@@ -140,13 +162,13 @@ class TADMAdapter(Adapter):
             raise RuntimeError("TADMAdapter.start(total_steps) must be called before sampling")
         return self.policy.due(self.cache, step, z_t, self.shallow)
 
-    def forward(self, z_t: Tensor, step: int, t: float) -> Tensor:
+    def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
         if self._due(z_t, step):
             self.counter.anchor_calls += 1
             shallow = self.shallow(z_t) if self.policy.uses_shallow else None
             self.cache.store(self.model.anchor(z_t), step, z_t, shallow)
         h = self.cache.serve(step, self.policy.max_age)
-        return self.model.denoise(z_t, h)
+        return self.model.denoise_hidden(z_t, h)
 
     def can_reuse(self, z_t: Tensor, step: int) -> bool:
         return not self._due(z_t, step)

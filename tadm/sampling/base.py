@@ -11,20 +11,33 @@ One reverse trajectory per batch (MDLM / ReMDM conventions, REFERENCE.md §2):
        t_i = i / T_b,  s = t_i - 1 / T_b,   i = T_b, ..., 1,
    with alpha from the log-linear schedule, eps = 1e-3 as in training. Positions outside the
    current block are frozen (earlier blocks keep their tokens, later ones stay masked).
-2. Each step: x_theta = SUBS(adapter(z_t, step, t)) (mask logit -inf, decoded positions kept
-   as a point mass; REFERENCE §2), computed in `precision`; nucleus (top-p) filtering of
-   x_theta; the sampler's transition p(z_s | z_t, x_theta) (B, L, V+1); a categorical draw
-   in `precision` (float64 by default, as ReMDM: fp32 Gumbel noise shifts Gen PPL).
-3. ddpm_cache (MDLM's exact skip): when no token of the batch changed in the last step, the
-   previous x_theta is reused instead of calling the model. Exact because no model is
-   time-conditioned; the adapter must also agree (`can_reuse`: TADM refuses when its anchor
-   refresh is due, see `tadm.sampling.adapters`). Samples are identical with and without it;
-   only the counters (`reused_calls`) and the time differ.
-4. End of each block: any position of the block still masked is set to the argmax of the
-   last x_theta (MDLM's final "noise removal" is an argmax of the prediction; here it reuses
-   the last step's prediction instead of an extra model call, so compute stays exactly T
-   calls). With this grid the last step has s = 0, alpha_s = 1, so p(z_s = m) = 0 and nothing
-   is normally left; `SampleResult.argmax_fills` counts the positions filled this way.
+2. Every sampler of the project has a *factored* reverse transition (`Transition`): per
+   position, independently given x_theta,
+       z_t^l = m:   decode with probability unmask^l, the token drawn from x_theta^l;
+                    otherwise stay masked
+       z_t^l != m:  re-mask with probability remask^l; otherwise keep the token
+   (MDLM: unmask = (alpha_s - alpha_t) / (1 - alpha_t), remask = 0; ReMDM, FB and DFM differ
+   only in the two rates; the dense rows p(z_s | z_t) are `Transition.probs`). Neither rate
+   depends on x_theta, so each step first draws u ~ U[0, 1) per position (in `precision`) and
+   settles which positions decode (u < unmask) and which re-mask (u < remask); only then is
+   x_theta needed, and only at the decoding positions.
+3. x_theta at those rows = SUBS(logits) (the mask logit -inf; REFERENCE §2) in `precision`,
+   nucleus (top-p) filtered, and one categorical draw per row in `precision` (float64 by
+   default, as ReMDM: fp32 Gumbel noise shifts Gen PPL). The network body runs on the whole
+   canvas; its output head runs on the decoding rows only (`lazy_head`; `lazy_head=False`
+   projects every position and selects the rows afterwards, the full computation the lazy one
+   is tested against). Over a trajectory each position is decoded about once (MDLM: exactly
+   once), so the head, the nucleus sort and the draws cost O(L V) per trajectory, not O(T L V).
+4. ddpm_cache (MDLM's exact skip): when nothing decodes at a step, the network is not run at
+   all; when something decodes but the canvas is the one of the last network call, that call's
+   hidden states are reused and only the head runs. Exact because no model is time-conditioned
+   and nothing else reads x_theta; the adapter must also agree (`can_reuse`: TADM refuses when
+   its anchor refresh is due, see `tadm.sampling.adapters`). Samples are identical with and
+   without it; only the counters (`reused_calls`) and the time differ. Off (the paper's
+   fixed-step budget, and Table 2's compute column): the network runs at every step.
+5. With this grid the last step of a block has s = 0, alpha_s = 1, so every sampler's unmask
+   rate is exactly 1 there and the block ends fully decoded (checked; a sampler that leaves a
+   masked position is an error, not silently filled).
 """
 
 from __future__ import annotations
@@ -67,7 +80,8 @@ class SamplerSettings:
     t_on: float = 0.55  # ReMDM loop window (t_off, t_on]
     t_off: float = 0.05
     alpha_on: float = 0.9  # alpha held during the loop window
-    ddpm_cache: bool = True  # MDLM's exact reuse of x_theta when nothing changed
+    ddpm_cache: bool = True  # MDLM's exact skip of network calls whose output is not needed
+    lazy_head: bool = True  # output head only on the rows decoded this step (False: every position)
     eps: float = 1e-3  # log-linear schedule epsilon (as in training)
     batch_size: int | None = None  # sequences per trajectory; None: all at once
 
@@ -114,7 +128,6 @@ class SampleResult:
     refresh_steps: list[list[int]] | None  # per trajectory (batch); None for models without a cache
     seconds: float  # wall time of the sampling loop
     settings: SamplerSettings  # includes seed and precision
-    argmax_fills: int = 0  # masked positions left at a block's end and set to argmax x_theta
 
     @property
     def tokens_per_second(self) -> float:
@@ -123,13 +136,43 @@ class SampleResult:
 
 @dataclass
 class Transition:
-    """A sampler's reverse transition for one step."""
+    """A sampler's reverse transition for one step, in factored form (module docstring, 2):
+    a masked position decodes with probability `unmask` (token from x_theta), a decoded one is
+    re-masked with probability `remask`. Both (B, L) in the run's precision, 0 outside the
+    current block and `unmask` 0 at decoded / `remask` 0 at masked positions."""
 
-    probs: Tensor  # p(z_s | z_t) (B, L, V+1), rows sum to 1
+    unmask: Tensor
+    remask: Tensor
     alpha_t: float
     alpha_s: float
     sigma: Tensor | float = 0.0  # ReMDM remasking probability (0 for MDLM)
     phase: str = "mdlm"
+
+    def probs(self, x_theta: Tensor, z_t: Tensor, mask_id: int) -> Tensor:
+        """The dense rows p(z_s | z_t) (B, L, V+1) for a full x_theta (B, L, V+1); for tests and
+        diagnostics (the loop never builds them)."""
+        unmask, remask = self.unmask.unsqueeze(-1), self.remask.unsqueeze(-1)
+        from_mask = x_theta.to(unmask.dtype) * unmask
+        from_mask[..., mask_id] += 1.0 - unmask[..., 0]
+        from_token = point_mass(z_t, x_theta.shape[-1], unmask.dtype) * (1.0 - remask)
+        from_token[..., mask_id] += remask[..., 0]
+        return torch.where((z_t == mask_id).unsqueeze(-1), from_mask, from_token)
+
+
+def factored(z_t: Tensor, active: Tensor, mask_id: int, unmask: Tensor | float, remask: Tensor | float,
+             dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(unmask, remask) as (B, L) tensors in `dtype`: each rate (a float or (B, L)) where it
+    applies (masked / decoded positions of the current block `active` (L,)), 0 elsewhere.
+    Rates must lie in [0, 1] up to rounding (1e-12), and are clamped to it."""
+    zero = torch.zeros((), dtype=dtype, device=z_t.device)
+    masked = z_t == mask_id
+    rates = []
+    for rate, where in ((unmask, masked), (remask, ~masked)):
+        rate = torch.as_tensor(rate, dtype=dtype, device=z_t.device)
+        if bool((rate < -1e-12).any()) or bool((rate > 1 + 1e-12).any()):
+            raise ValueError(f"transition rates must lie in [0, 1], got min {float(rate.min())}, max {float(rate.max())}")
+        rates.append(torch.where(where & active, rate.clamp(0.0, 1.0), zero))
+    return rates[0], rates[1]
 
 
 @dataclass
@@ -142,10 +185,12 @@ class StepInfo:
     s: float
     z_t: Tensor
     z_s: Tensor
-    x_theta: Tensor
+    decoded: Tensor  # (B, L) bool: the positions decoded at this step
+    x_theta: Tensor  # (N, V+1): x_theta at the decoded rows (row-major), nucleus-filtered
     transition: Transition
     active: Tensor  # (L,) bool, the current block
-    reused: bool  # x_theta came from ddpm_cache
+    reused: bool  # the network did not run (ddpm_cache: skipped, or its last hidden states reused)
+    full_x_theta: Tensor | None = None  # (B, L, V+1) when lazy_head=False
 
 
 # --------------------------------------------------------------------------- pieces
@@ -202,18 +247,11 @@ def point_mass(z: Tensor, n_classes: int, dtype: torch.dtype) -> Tensor:
     return out.scatter_(-1, z.unsqueeze(-1), 1.0)
 
 
-def freeze_outside(probs: Tensor, z_t: Tensor, active: Tensor) -> Tensor:
-    """Identity transition (z_s = z_t) outside the current block `active` (L,) bool."""
-    if bool(active.all()):
-        return probs
-    return torch.where(active[None, :, None], probs, point_mass(z_t, probs.shape[-1], probs.dtype))
-
-
-def fill_remaining(z: Tensor, x_theta: Tensor, active: Tensor, mask_id: int) -> tuple[Tensor, int]:
-    """End of a block: positions of the block still masked take argmax x_theta (the last
-    prediction); returns the canvas and how many positions were filled."""
-    left = (z == mask_id) & active
-    return torch.where(left, x_theta[..., :mask_id].argmax(-1), z), int(left.sum())
+def x_theta_rows(logits: Tensor, mask_id: int, nucleus_p: float, precision: torch.dtype) -> Tensor:
+    """x_theta at masked rows (N, V+1) from their logits: SUBS (mask logit -inf, softmax in
+    `precision`), then top-p. Row for row the same as `predict_x0` at masked positions."""
+    all_masked = torch.full(logits.shape[:-1], mask_id, dtype=torch.long, device=logits.device)
+    return predict_x0(logits, all_masked, mask_id, nucleus_p, precision)
 
 
 # --------------------------------------------------------------------------- samplers
@@ -240,11 +278,16 @@ class Sampler(abc.ABC):
         """Begin a trajectory on the all-mask canvas z (reset per-trajectory state)."""
 
     @abc.abstractmethod
-    def transition(self, x_theta: Tensor, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
-        """p(z_s | z_t) for every position; identity outside `active`."""
+    def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
+        """The step's rates (`Transition`, via `factored`); identity outside `active`."""
 
-    def observe(self, z_t: Tensor, z_s: Tensor, x_theta: Tensor) -> None:
-        """Called with the sampled z_s (for samplers with state, e.g. ReMDM-conf)."""
+    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, x_theta: Tensor) -> None:
+        """Called with the sampled z_s, the decoded positions (B, L) and x_theta at those rows
+        (N, V+1) (for samplers with state, e.g. ReMDM-conf)."""
+
+    def rates(self, z_t: Tensor, active: Tensor, unmask: Tensor | float, remask: Tensor | float) -> tuple[Tensor, Tensor]:
+        """`factored` in this run's precision."""
+        return factored(z_t, active, self.mask_id, unmask, remask, self.settings.precision)
 
 
 def build_sampler(settings: SamplerSettings, mask_id: int) -> Sampler:
@@ -264,9 +307,39 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class _Network:
+    """The network side of a trajectory: runs the body when needed, keeps the last hidden
+    states (ddpm_cache) and projects the decoding rows."""
+
+    def __init__(self, adapter: Adapter, cfg: SamplerSettings):
+        self.adapter, self.cfg = adapter, cfg
+        self.canvas: Tensor | None = None  # canvas of the last network call
+        self.hidden: Tensor | None = None
+
+    def step(self, z: Tensor, step: int, t: float, decoded: Tensor) -> tuple[Tensor, Tensor | None, bool]:
+        """(x_theta at the decoded rows (N, V+1), full x_theta or None, reused)."""
+        cfg, adapter = self.cfg, self.adapter
+        anything = bool(decoded.any())
+        reused = cfg.ddpm_cache and adapter.can_reuse(z, step) and (
+            not anything or (self.canvas is not None and torch.equal(self.canvas, z)))
+        if reused:
+            adapter.counter.reused_calls += 1
+        else:
+            self.canvas, self.hidden = z, adapter.features(z, step, t)
+        full = None
+        if not cfg.lazy_head and self.hidden is not None and (anything or not reused):
+            full = predict_x0(adapter.project(self.hidden), self.canvas, adapter.mask_id, cfg.nucleus_p, cfg.precision)
+            rows = full[decoded]
+        elif anything:
+            rows = x_theta_rows(adapter.project(self.hidden, decoded), adapter.mask_id, cfg.nucleus_p, cfg.precision)
+        else:
+            rows = torch.empty(0, adapter.mask_id + 1, dtype=cfg.precision, device=z.device)
+        return rows, full, reused
+
+
 def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch: int, seq_len: int,
-                generator: torch.Generator, callback: Callable[[StepInfo], None] | None) -> tuple[Tensor, int]:
-    """One batched reverse process; returns (tokens (B, L), positions filled by argmax)."""
+                generator: torch.Generator, callback: Callable[[StepInfo], None] | None) -> Tensor:
+    """One batched reverse process; returns the tokens (B, L)."""
     mask_id, device = adapter.mask_id, adapter.device
     blocks = block_ranges(seq_len, cfg.block_size)
     if cfg.steps % len(blocks):
@@ -276,26 +349,27 @@ def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch:
     adapter.start(cfg.steps)
     adapter.counter.start_trajectory(batch, seq_len)
     sampler.start(z)
-    step, fills, last = 0, 0, None  # last = (canvas, x_theta) of the previous step
+    network, step = _Network(adapter, cfg), 0
     positions = torch.arange(seq_len, device=device)
     for b, (lo, hi) in enumerate(blocks):
         active = (positions >= lo) & (positions < hi)
         for t, s in grid:
-            reused = cfg.ddpm_cache and last is not None and torch.equal(last[0], z) and adapter.can_reuse(z, step)
-            if reused:
-                x_theta = last[1]
-                adapter.counter.reused_calls += 1
-            else:
-                x_theta = predict_x0(adapter(z, step, t), z, mask_id, cfg.nucleus_p, cfg.precision)
-            tr = sampler.transition(x_theta, z, t, s, active)
-            z_s = sample_categorical(tr.probs, generator)
-            sampler.observe(z, z_s, x_theta)
+            tr = sampler.transition(z, t, s, active)
+            u = torch.rand(z.shape, generator=generator, device=device, dtype=cfg.precision)
+            masked = z == mask_id
+            decoded, remasked = masked & (u < tr.unmask), ~masked & (u < tr.remask)
+            x_theta, full, reused = network.step(z, step, t, decoded)
+            z_s = z.masked_fill(remasked, mask_id)
+            if x_theta.shape[0]:
+                z_s[decoded] = sample_categorical(x_theta, generator)
+            sampler.observe(z, z_s, decoded, x_theta)
             if callback is not None:
-                callback(StepInfo(step, b, t, s, z, z_s, x_theta, tr, active, reused))
-            last, z, step = (z, x_theta), z_s, step + 1
-        z, n = fill_remaining(z, x_theta, active, mask_id)
-        fills += n
-    return z, fills
+                callback(StepInfo(step, b, t, s, z, z_s, decoded, x_theta, tr, active, reused, full))
+            z, step = z_s, step + 1
+        left = int(((z == mask_id) & active).sum())
+        if left:
+            raise RuntimeError(f"sampler {cfg.sampler!r} left {left} masked positions at the end of block {b}")
+    return z
 
 
 def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len: int,
@@ -310,23 +384,22 @@ def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len:
     sampler = build_sampler(cfg, adapter.mask_id)
     adapter.counter.reset()
     batch = cfg.batch_size or num_samples
-    chunks, refreshes, fills = [], [], 0
+    chunks, refreshes = [], []
     _sync(device)
     start = time.perf_counter()
     with torch.inference_mode():
         for done in range(0, num_samples, batch):
-            tokens, n = _trajectory(adapter, sampler, cfg, min(batch, num_samples - done), seq_len, generator, callback)
-            chunks.append(tokens)
+            chunks.append(_trajectory(adapter, sampler, cfg, min(batch, num_samples - done), seq_len, generator,
+                                      callback))
             refreshes.append(adapter.refresh_steps)
-            fills += n
     _sync(device)
     seconds = time.perf_counter() - start
     refresh_steps = None if any(r is None for r in refreshes) else refreshes
-    return SampleResult(torch.cat(chunks).cpu(), adapter.counter.copy(), refresh_steps, seconds, cfg, fills)
+    return SampleResult(torch.cat(chunks).cpu(), adapter.counter.copy(), refresh_steps, seconds, cfg)
 
 
 __all__ = [
     "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "Transition", "StepInfo", "Sampler", "SAMPLERS",
     "build_sampler", "sample", "time_grid", "block_ranges", "alpha_at", "nucleus_filter", "predict_x0",
-    "sample_categorical", "point_mass", "freeze_outside", "fill_remaining",
+    "sample_categorical", "point_mass", "factored", "x_theta_rows",
 ]

@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import Sampler, Transition, alpha_at, freeze_outside, point_mass
+from tadm.sampling.base import Sampler, Transition, alpha_at, point_mass
 from tadm.sampling.mdlm import mdlm_posterior
 
 
@@ -91,23 +91,30 @@ def dfm_posterior(x_theta: Tensor, z_t: Tensor, alpha_t: float, alpha_s: float, 
     return _fused(x_theta, z_t, u, 1.0 - u, b, mask_id)
 
 
+def corrector_rates(kind: str, alpha_t: float, alpha_s: float, eta: float) -> tuple[float, float]:
+    """(unmask, remask) of the fused predictor-corrector step, kind "fb" or "dfm" (docstring)."""
+    _check(alpha_t, alpha_s, eta)
+    u = (alpha_s - alpha_t) / (1.0 - alpha_t)
+    if eta == 0.0:
+        return u, 0.0
+    if kind == "fb":
+        c = fb_remask_prob(alpha_t, alpha_s, eta)
+        return (1.0 - c) * u, c
+    return min(1.0, (1.0 + eta) * u), min(1.0, eta * (alpha_s - alpha_t) / alpha_s)
+
+
 class CorrectorSampler(Sampler):
     """MDLM predictor + FB or DFM corrector on the log-linear schedule; rate = settings.eta."""
 
     names = ("mdlm-fb", "mdlm-dfm")
 
-    def transition(self, x_theta: Tensor, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
+    def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         alpha_t, alpha_s = alpha_at(self.schedule, t), alpha_at(self.schedule, s)
         eta = 0.0 if s <= 0.0 else self.settings.eta  # the last step of a block is a pure predictor
         kind = self.settings.sampler.removeprefix("mdlm-")
-        if kind == "fb":
-            probs, remask = fb_posterior(x_theta, z_t, alpha_t, alpha_s, eta, self.mask_id), fb_remask_prob(
-                alpha_t, alpha_s, eta)
-        else:
-            probs = dfm_posterior(x_theta, z_t, alpha_t, alpha_s, eta, self.mask_id)
-            remask = min(1.0, eta * (alpha_s - alpha_t) / alpha_s)
+        unmask, remask = corrector_rates(kind, alpha_t, alpha_s, eta)
         phase = kind if eta > 0.0 else "predictor"
-        return Transition(freeze_outside(probs, z_t, active), alpha_t, alpha_s, remask, phase)
+        return Transition(*self.rates(z_t, active, unmask, remask), alpha_t, alpha_s, remask, phase)
 
 
-__all__ = ["CorrectorSampler", "fb_posterior", "dfm_posterior", "fb_remask_prob"]
+__all__ = ["CorrectorSampler", "corrector_rates", "fb_posterior", "dfm_posterior", "fb_remask_prob"]

@@ -6,7 +6,8 @@ With s < t and x_theta = x_theta(z_t) (SUBS: no mass on m), per position:
                  p(z_s^l = m) = (1 - alpha_s) / (1 - alpha_t)
     z_t^l != m:  z_s^l = z_t^l  (decoded tokens stay)
 
-The coefficients are computed in Python float64 from alpha_t and alpha_s, whatever the tensor
+In the loop this is the factored `Transition` (unmask = (alpha_s - alpha_t) / (1 - alpha_t),
+remask = 0); `mdlm_posterior` is the dense closed form it is tested against. The coefficients are computed in Python float64 from alpha_t and alpha_s, whatever the tensor
 precision, so 1 - alpha_t near t = 0 loses nothing.
 """
 
@@ -15,14 +16,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import Sampler, Transition, alpha_at, freeze_outside, point_mass
+from tadm.sampling.base import Sampler, Transition, alpha_at, point_mass
+
+
+def mdlm_unmask(alpha_t: float, alpha_s: float) -> float:
+    """(alpha_s - alpha_t) / (1 - alpha_t): the probability that a masked position decodes."""
+    if not 0.0 <= alpha_t <= alpha_s <= 1.0 or alpha_t >= 1.0:
+        raise ValueError(f"need 0 <= alpha_t <= alpha_s <= 1 and alpha_t < 1, got alpha_t={alpha_t}, alpha_s={alpha_s}")
+    return (alpha_s - alpha_t) / (1.0 - alpha_t)
 
 
 def mdlm_posterior(x_theta: Tensor, z_t: Tensor, alpha_t: float, alpha_s: float, mask_id: int) -> Tensor:
-    """p(z_s | z_t) (B, L, V+1) of the MDLM ancestral step (module docstring); needs alpha_t < 1."""
-    if not 0.0 <= alpha_t <= alpha_s <= 1.0 or alpha_t >= 1.0:
-        raise ValueError(f"need 0 <= alpha_t <= alpha_s <= 1 and alpha_t < 1, got alpha_t={alpha_t}, alpha_s={alpha_s}")
-    unmask = (alpha_s - alpha_t) / (1.0 - alpha_t)
+    """p(z_s | z_t) (B, L, V+1) of the MDLM ancestral step (module docstring), the dense closed
+    form (the loop uses the factored `Transition`); needs alpha_t < 1."""
+    unmask = mdlm_unmask(alpha_t, alpha_s)
     stay_masked = (1.0 - alpha_s) / (1.0 - alpha_t)
     from_mask = x_theta * unmask
     from_mask[..., mask_id] += stay_masked
@@ -35,7 +42,6 @@ class MDLMSampler(Sampler):
 
     names = ("mdlm",)
 
-    def transition(self, x_theta: Tensor, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
+    def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         alpha_t, alpha_s = alpha_at(self.schedule, t), alpha_at(self.schedule, s)
-        probs = mdlm_posterior(x_theta, z_t, alpha_t, alpha_s, self.mask_id)
-        return Transition(freeze_outside(probs, z_t, active), alpha_t, alpha_s)
+        return Transition(*self.rates(z_t, active, mdlm_unmask(alpha_t, alpha_s), 0.0), alpha_t, alpha_s)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import SamplerSettings, Sampler, Transition, alpha_at, freeze_outside, point_mass
+from tadm.sampling.base import SamplerSettings, Sampler, Transition, alpha_at, point_mass
 
 
 def sigma_max(alpha_t: float, alpha_s: float) -> float:
@@ -42,15 +42,21 @@ def sigma_max(alpha_t: float, alpha_s: float) -> float:
     return 1.0 if alpha_t <= 0.0 else min(1.0, (1.0 - alpha_s) / alpha_t)
 
 
+def remdm_unmask(alpha_t: float, alpha_s: float, sigma: Tensor | float) -> Tensor | float:
+    """(alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t): a masked position's decode probability
+    (a float, or (B, L) for a per-position sigma)."""
+    if not 0.0 <= alpha_t <= alpha_s <= 1.0 or alpha_t >= 1.0:
+        raise ValueError(f"need 0 <= alpha_t <= alpha_s <= 1 and alpha_t < 1, got alpha_t={alpha_t}, alpha_s={alpha_s}")
+    return (alpha_s - (1.0 - sigma) * alpha_t) / (1.0 - alpha_t)
+
+
 def remdm_posterior(x_theta: Tensor, z_t: Tensor, alpha_t: float, alpha_s: float, sigma: Tensor | float,
                     mask_id: int) -> Tensor:
     """p(z_s | z_t) (B, L, V+1) of ReMDM (module docstring). `sigma`: a float, or per position
     (B, L); needs 0 <= sigma <= sigma_max(alpha_t, alpha_s) and alpha_t < 1."""
-    if not 0.0 <= alpha_t <= alpha_s <= 1.0 or alpha_t >= 1.0:
-        raise ValueError(f"need 0 <= alpha_t <= alpha_s <= 1 and alpha_t < 1, got alpha_t={alpha_t}, alpha_s={alpha_s}")
     if isinstance(sigma, Tensor):
         sigma = sigma.to(x_theta.dtype)
-    unmask = (alpha_s - (1.0 - sigma) * alpha_t) / (1.0 - alpha_t)
+    unmask = remdm_unmask(alpha_t, alpha_s, sigma)
     stay_masked = (1.0 - alpha_s - sigma * alpha_t) / (1.0 - alpha_t)
     per_position = isinstance(sigma, Tensor)
     from_mask = x_theta * (unmask.unsqueeze(-1) if per_position else unmask)
@@ -101,7 +107,7 @@ class ReMDMSampler(Sampler):
     def start(self, z: Tensor) -> None:
         self.conf = torch.full(z.shape, float("-inf"), dtype=self.settings.precision, device=z.device)
 
-    def transition(self, x_theta: Tensor, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
+    def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         eta = self.settings.eta
         if self.strategy == "loop":
             alpha_t, alpha_s, phase = self.loop.alpha(t), self.loop.alpha(s), self.loop.phase(t)
@@ -116,14 +122,14 @@ class ReMDMSampler(Sampler):
             sigma = confidence_sigma(self.conf, (z_t != self.mask_id) & active, smax)
         else:
             sigma = min(eta, smax) if phase == "loop" else 0.0
-        probs = remdm_posterior(x_theta, z_t, alpha_t, alpha_s, sigma, self.mask_id)
-        return Transition(freeze_outside(probs, z_t, active), alpha_t, alpha_s, sigma, phase)
+        unmask = remdm_unmask(alpha_t, alpha_s, sigma)
+        return Transition(*self.rates(z_t, active, unmask, sigma), alpha_t, alpha_s, sigma, phase)
 
-    def observe(self, z_t: Tensor, z_s: Tensor, x_theta: Tensor) -> None:
+    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, x_theta: Tensor) -> None:
         """ReMDM-conf bookkeeping: newly decoded -> -p(token), remasked -> -inf."""
         if self.strategy != "conf":
             return
-        decoded = (z_t == self.mask_id) & (z_s != self.mask_id)
         remasked = (z_t != self.mask_id) & (z_s == self.mask_id)
-        p = x_theta.gather(-1, z_s.unsqueeze(-1)).squeeze(-1).to(self.conf.dtype)
+        p = torch.zeros_like(self.conf)
+        p[decoded] = x_theta.gather(-1, z_s[decoded].unsqueeze(-1)).squeeze(-1).to(self.conf.dtype)
         self.conf = torch.where(decoded, -p, self.conf).masked_fill(remasked, float("-inf"))

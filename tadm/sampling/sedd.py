@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from tadm.losses import sedd_log_scores
-from tadm.sampling.base import Sampler, Transition, alpha_at, freeze_outside
-from tadm.sampling.mdlm import mdlm_posterior
+from tadm.sampling.base import Sampler, Transition, alpha_at
+from tadm.sampling.mdlm import mdlm_posterior, mdlm_unmask
 
 
 def sedd_analytic_posterior(logits: Tensor, z_t: Tensor, alpha_t: float, alpha_s: float, mask_id: int,
@@ -46,10 +46,10 @@ class SEDDAnalyticSampler(Sampler):
 
     names = ("sedd-analytic",)
 
-    def transition(self, x_theta: Tensor, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
+    def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         alpha_t, alpha_s = alpha_at(self.schedule, t), alpha_at(self.schedule, s)
-        probs = mdlm_posterior(x_theta, z_t, alpha_t, alpha_s, self.mask_id)
-        return Transition(freeze_outside(probs, z_t, active), alpha_t, alpha_s, 0.0, "sedd-analytic")
+        rates = self.rates(z_t, active, mdlm_unmask(alpha_t, alpha_s), 0.0)
+        return Transition(*rates, alpha_t, alpha_s, 0.0, "sedd-analytic")
 
 
 __all__ = ["SEDDAnalyticSampler", "sedd_analytic_posterior"]

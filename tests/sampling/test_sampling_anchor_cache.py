@@ -26,8 +26,8 @@ class UncachedTADM(Adapter):
 
     model_type = "tadm"
 
-    def forward(self, z_t, step, t):
-        return self.model(z_t, z_t)
+    def hidden(self, z_t, step, t):
+        return self.model.hidden(z_t, z_t)
 
 
 def run(adapter, seq_len=L, **settings):
@@ -50,9 +50,9 @@ def test_k_greater_than_one_actually_serves_a_stale_anchor(tadm):
         log = preds[K] = []
 
         def record(info, log=log):
-            log.append((info.z_t.clone(), info.x_theta.clone()))
+            log.append((info.z_t.clone(), info.full_x_theta.clone()))
 
-        sample(TADMAdapter(tadm, FixedInterval(K)), SamplerSettings(steps=24, ddpm_cache=False, seed=11),
+        sample(TADMAdapter(tadm, FixedInterval(K)), SamplerSettings(steps=24, ddpm_cache=False, seed=11, lazy_head=False),
                num_samples=2, seq_len=L, callback=record)
     assert torch.equal(preds[1][0][1], preds[8][0][1])  # step 0: both anchors fresh
     assert torch.equal(preds[1][7][0], preds[8][7][0])  # step 7: same canvas, but the K = 8 run

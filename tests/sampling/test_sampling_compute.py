@@ -47,10 +47,13 @@ def identity_blocks(model):
     return model
 
 
-@pytest.mark.parametrize("T", [2048, 4096])
+@pytest.mark.parametrize("T, real_blocks", [(2048, True), (4096, False)])
 @pytest.mark.parametrize("kind", ["mdlm", "adlm", "tadm"])
-def test_table2_compute_column_from_real_sampling_runs(kind, T):
-    model = identity_blocks(random_model(kind, PAPER_DEPTH, seq_len=4))
+def test_table2_compute_column_from_real_sampling_runs(kind, T, real_blocks):
+    # T = 2048 with every block computing (a few seconds); T = 4096 with the block arithmetic
+    # skipped (the DVC stage `compute_column` runs both for real: tadm.sampling.accounting)
+    model = random_model(kind, PAPER_DEPTH, seq_len=4)
+    model = model if real_blocks else identity_blocks(model)
     counter = count(kind, model, T)
     assert counter.layer_calls == TABLE2[T][kind] == layer_calls(kind, T, K=4)
     assert counter.model_calls == T and counter.trajectories == 1
@@ -80,18 +83,22 @@ def test_batches_are_separate_trajectories():
     assert c.layer_calls_per_trajectory == layer_calls("tadm", 16, TINY, K=4)
 
 
+@pytest.mark.parametrize("lazy_head", [True, False])
 @pytest.mark.parametrize("kind", ["mdlm", "adlm", "tadm"])
-def test_flops_match_the_analytic_count(kind):
+def test_flops_match_the_analytic_count(kind, lazy_head):
     B, L, T, K, d, r = 2, 16, 12, 5, TINY.d_model, TINY.mlp_ratio
     adapter = make_adapter(random_model(kind, seq_len=L), BudgetSchedule({T: K}) if kind == "tadm" else None)
-    c = sample(adapter, SamplerSettings(steps=T, ddpm_cache=False), num_samples=B, seq_len=L).counters
+    settings = SamplerSettings(steps=T, ddpm_cache=False, lazy_head=lazy_head)
+    c = sample(adapter, settings, num_samples=B, seq_len=L).counters
     block, head = dit_block_flops(d, L, r), lm_head_flops(d, V + 1)
+    heads = 1 if lazy_head else T  # MDLM's sampler decodes each position exactly once
     if kind == "mdlm":
-        per_token = T * (TINY.mdlm_layers * block + head)
-    elif kind == "adlm":
-        per_token = T * ((TINY.anchor_layers + TINY.denoiser_layers) * block + 2 * head + dense_flops(V + 1, d))
+        per_token = T * TINY.mdlm_layers * block + heads * head
+    elif kind == "adlm":  # the anchor's head feeds the denoiser at every position, every step
+        per_token = T * ((TINY.anchor_layers + TINY.denoiser_layers) * block + head + dense_flops(V + 1, d))
+        per_token += heads * head
     else:
-        per_token = T * (TINY.denoiser_layers * block + fusion_flops(d) + head)
+        per_token = T * (TINY.denoiser_layers * block + fusion_flops(d)) + heads * head
         per_token += math.ceil(T / K) * TINY.anchor_layers * block
     assert c.flops == B * L * per_token
     assert c.flops_per_token == per_token
@@ -110,3 +117,19 @@ def test_calls_outside_the_adapter_are_not_counted_and_close_unhooks():
     adapter.close()
     adapter(z, 1, 1.0)
     assert adapter.counter.layer_calls == TINY.mdlm_layers and adapter.counter.model_calls == 2
+
+
+def test_compute_column_rows_and_table():
+    from tadm.sampling.accounting import compute_column, to_markdown
+
+    depths = dict(mdlm_layers=4, anchor_layers=4, denoiser_layers=2)
+    rows = list(compute_column([16, 32], {16: 2, 32: 4}, depths))
+    got = {(r["T"], r["model"]): r["layer_calls"] for r in rows}
+    assert got == {(16, "mdlm"): 64, (16, "adlm"): 96, (16, "tadm"): 32 + 32,
+                   (32, "mdlm"): 128, (32, "adlm"): 192, (32, "tadm"): 64 + 32}
+    assert all(r["layer_calls"] == r["formula"] and r["published"] is None for r in rows)
+    assert [r["refreshes"] for r in rows if r["model"] == "tadm"] == [8, 8]
+    table = to_markdown(rows)
+    assert "| 32 | TADM | 4 | 96 | 0.75x | 96 | - | - |" in table
+    with pytest.raises(ValueError, match="no refresh interval"):
+        list(compute_column([64], {16: 2}, depths))

@@ -12,7 +12,9 @@ from tadm.sampling import (
     SAMPLER_NAMES, FixedInterval, LoopSchedule, SamplerSettings, StepInfo, make_adapter, mdlm_posterior,
     remdm_posterior, sample, sigma_max,
 )
-from tadm.sampling.base import block_ranges, fill_remaining, nucleus_filter, sample_categorical, time_grid
+from tadm.sampling.base import (
+    SAMPLERS, Sampler, Transition, block_ranges, nucleus_filter, predict_x0, sample_categorical, time_grid,
+)
 from tests.sampling.conftest import V, random_model
 
 L = 16
@@ -72,13 +74,16 @@ def test_every_transition_of_a_run_is_a_distribution(models, sampler):
     rows = []
 
     def check(info: StepInfo):
-        p = info.transition.probs
-        assert p.dtype == torch.float64
+        tr = info.transition
+        assert tr.unmask.dtype == tr.remask.dtype == torch.float64
+        assert ((tr.unmask >= 0) & (tr.unmask <= 1) & (tr.remask >= 0) & (tr.remask <= 1)).all()
+        p = tr.probs(info.full_x_theta, info.z_t, V)
         assert (p >= 0).all()
         torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:2], dtype=p.dtype), rtol=0, atol=1e-12)
+        torch.testing.assert_close(info.x_theta.sum(-1), torch.ones(info.x_theta.shape[0], dtype=p.dtype))
         rows.append(p.shape[0] * p.shape[1])
 
-    result = run(adapter_for(models, "tadm"), check, sampler=sampler, eta=0.05)
+    result = run(adapter_for(models, "tadm"), check, sampler=sampler, eta=0.05, lazy_head=False, ddpm_cache=False)
     assert len(rows) == 24
     assert result.settings.precision == torch.float64
 
@@ -92,13 +97,14 @@ def test_remdm_with_sigma_zero_is_mdlm_step_for_step(models, strategy):
     steps = {"mdlm": [], strategy: []}
     for name in steps:
         def record(info, log=steps[name]):
-            log.append((info.z_s.clone(), info.transition.probs.clone()))
+            tr = info.transition
+            log.append((info.z_s.clone(), tr.unmask.clone(), tr.remask.clone(), tr.probs(info.full_x_theta, info.z_t, V)))
 
-        res = run(adapter, record, sampler=name, eta=0.0, steps=32, n=4, seed=3)
+        res = run(adapter, record, sampler=name, eta=0.0, steps=32, n=4, seed=3, lazy_head=False, ddpm_cache=False)
         steps[name].append(res.tokens)
     assert torch.equal(steps["mdlm"][-1], steps[strategy][-1])
-    for (z_a, p_a), (z_b, p_b) in zip(steps["mdlm"][:-1], steps[strategy][:-1]):
-        assert torch.equal(z_a, z_b) and torch.equal(p_a, p_b)
+    for a, b in zip(steps["mdlm"][:-1], steps[strategy][:-1]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("strategy", ["remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop"])
@@ -106,8 +112,10 @@ def test_remasking_touches_only_decoded_positions(models, strategy):
     seen = {"remasked": 0}
 
     def check(info: StepInfo):
-        p, z_t, z_s = info.transition.probs, info.z_t, info.z_s
+        z_t, z_s, tr = info.z_t, info.z_s, info.transition
+        p = tr.probs(info.full_x_theta, z_t, V)
         decoded = z_t != V
+        assert (tr.unmask[decoded] == 0).all() and (tr.remask[~decoded] == 0).all()
         support = p > 0
         allowed = torch.nn.functional.one_hot(z_t, V + 1).bool()
         allowed[..., V] = True
@@ -119,7 +127,8 @@ def test_remasking_touches_only_decoded_positions(models, strategy):
         seen["remasked"] += int((decoded & (z_s == V)).sum())
 
     eta = 0.1 if strategy == "remdm-loop" else 0.9
-    run(adapter_for(models, "mdlm"), check, sampler=strategy, eta=eta, steps=40, n=4, nucleus_p=1.0)
+    run(adapter_for(models, "mdlm"), check, sampler=strategy, eta=eta, steps=40, n=4, nucleus_p=1.0,
+        lazy_head=False, ddpm_cache=False)
     assert seen["remasked"] > 0
 
 
@@ -135,8 +144,10 @@ def test_conf_sigma_is_softmax_of_negative_decode_confidence(models):
             expected = torch.softmax(conf.masked_fill(~decoded, float("-inf")), -1) * smax
             torch.testing.assert_close(info.transition.sigma, expected, rtol=1e-12, atol=0)
             state["checked"] += 1
-        p = info.x_theta.gather(-1, info.z_s.unsqueeze(-1)).squeeze(-1)
         newly, remasked = (~decoded) & (info.z_s != V), decoded & (info.z_s == V)
+        assert torch.equal(newly, info.decoded)
+        p = torch.zeros_like(conf)
+        p[newly] = info.x_theta.gather(-1, info.z_s[newly].unsqueeze(-1)).squeeze(-1)
         state["conf"] = torch.where(newly, -p, conf).masked_fill(remasked, float("-inf"))
 
     run(adapter_for(models, "mdlm"), check, sampler="remdm-conf", steps=32, n=2)
@@ -181,18 +192,70 @@ def test_outputs_contain_no_mask(models, kind, sampler):
     result = run(adapter_for(models, kind), sampler=sampler, steps=12, n=3)
     assert result.tokens.shape == (3, L) and result.tokens.dtype == torch.long
     assert ((result.tokens >= 0) & (result.tokens < V)).all()
-    assert result.argmax_fills == 0  # the last step has alpha_s = 1
 
 
-def test_fill_remaining_uses_argmax_of_last_prediction():
-    x, z = random_x_theta()
-    active = torch.tensor([True] * 5 + [False] * 2)
-    z[:, 5:] = V  # masked but outside the block: untouched
-    filled, n = fill_remaining(z, x, active, V)
-    masked_inside = (z == V) & active
-    assert n == int(masked_inside.sum())
-    assert torch.equal(filled[masked_inside], x[..., :V].argmax(-1)[masked_inside])
-    assert torch.equal(filled[~masked_inside], z[~masked_inside])
+def test_last_step_of_every_sampler_decodes_everything(models):
+    for sampler in SAMPLER_NAMES:
+        last = []
+        run(adapter_for(models, "mdlm"), lambda i: last.append(i), sampler=sampler, steps=8, eta=0.5)
+        assert last[-1].s == 0.0 and (last[-1].transition.unmask[last[-1].z_t == V] == 1.0).all()
+
+
+class Stalling(Sampler):
+    names = ("test-stalling",)
+
+    def transition(self, z_t, t, s, active):
+        return Transition(*self.rates(z_t, active, 0.0, 0.0), 0.0, 0.0)
+
+
+def test_a_sampler_that_leaves_masks_is_an_error_not_a_silent_fill(models):
+    settings = SamplerSettings(steps=4)
+    try:
+        adapter = adapter_for(models, "mdlm")
+        with pytest.raises(RuntimeError, match="left 32 masked positions at the end of block 0"):
+            from tadm.sampling.base import _trajectory
+            _trajectory(adapter, Stalling(settings, V), settings, 2, L, torch.Generator().manual_seed(0), None)
+    finally:
+        SAMPLERS.pop("test-stalling")
+    with pytest.raises(ValueError, match="rates must lie in"):
+        Stalling(settings, V).rates(torch.full((1, 4), V), torch.ones(4, dtype=torch.bool), 1.5, 0.0)
+
+
+# --------------------------------------------------------------------------- LM head only where needed
+
+
+@pytest.mark.parametrize("kind", MODEL_TYPES)
+@pytest.mark.parametrize("sampler", ["mdlm", "remdm-conf", "mdlm-dfm"])
+def test_lazy_head_equals_the_full_computation(models, kind, sampler):
+    logs = {}
+    for lazy in (True, False):
+        log = logs[lazy] = []
+        res = run(adapter_for(models, kind), lambda i, log=log: log.append(i), sampler=sampler, eta=0.2,
+                  steps=20, n=3, seed=4, lazy_head=lazy, ddpm_cache=False)
+        log.append(res)
+    lazy, full = logs[True], logs[False]
+    assert torch.equal(lazy[-1].tokens, full[-1].tokens)
+    for a, b in zip(lazy[:-1], full[:-1]):
+        assert torch.equal(a.decoded, b.decoded) and torch.equal(a.z_s, b.z_s)
+        # the head on a subset of rows may round differently in fp32 from the head on all rows
+        torch.testing.assert_close(a.x_theta, b.full_x_theta[b.decoded], rtol=1e-5, atol=1e-7)
+        if kind != "tadm":  # stateless: the full x_theta is predict_x0 of a plain call
+            with torch.inference_mode():
+                reference = predict_x0(adapter_for(models, kind)(b.z_t, b.step, b.t), b.z_t, V, 0.9, torch.float64)
+            torch.testing.assert_close(b.full_x_theta, reference, rtol=1e-5, atol=1e-7)
+    c_lazy, c_full = lazy[-1].counters, full[-1].counters
+    assert c_lazy.layer_calls == c_full.layer_calls and c_lazy.flops < c_full.flops
+    decoded_rows = sum(int(i.decoded.sum()) for i in lazy[:-1])
+    assert decoded_rows >= 3 * L  # every position decoded at least once (more with re-masking)
+
+
+def test_lazy_head_projects_each_position_once_under_mdlm(models):
+    from tadm.compute import lm_head_flops
+
+    res = run(adapter_for(models, "mdlm"), sampler="mdlm", steps=20, n=3, ddpm_cache=False)
+    full = run(adapter_for(models, "mdlm"), sampler="mdlm", steps=20, n=3, ddpm_cache=False, lazy_head=False)
+    head = lm_head_flops(models["mdlm"].cfg.d_model, V + 1)
+    assert full.counters.flops - res.counters.flops == (20 - 1) * 3 * L * head  # T projections -> 1 per position
 
 
 # --------------------------------------------------------------------------- semi-AR blocks
@@ -232,7 +295,7 @@ def test_block_layout_errors(models):
 
 @pytest.mark.parametrize("kind", MODEL_TYPES)
 def test_ddpm_cache_is_exact_and_saves_calls(models, kind):
-    # T >> L: most steps decode nothing, so the previous prediction is reused.
+    # T >> L: most steps decode nothing, so the network is skipped.
     settings = dict(steps=96, sampler="mdlm", seed=5)
     adapter = adapter_for(models, kind, K=4)
     on = run(adapter, ddpm_cache=True, **settings)

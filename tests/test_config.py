@@ -36,6 +36,7 @@ def test_paper_profile_carries_the_paper_settings():
     assert (p.posttrain.shared_layers, p.posttrain.anchor_layers, p.posttrain.denoiser_layers) == (2, 20, 8)
     assert sum(s.count for s in p.sft.hub_sources) == 300_000
     assert p.sft.canvases_per_example == 8
+    assert (p.eval.featurizer, p.eval.evaluator, p.eval.reference_samples) == ("gpt2-large", "gpt2-large", 5000)
 
 
 def test_default_profile_keeps_the_paper_lm_head_balance():
@@ -86,6 +87,8 @@ BAD = [
     ("tokenizer.vocab_size", 8192, ["tokenizer.vocab_size", "50257"]),  # with kind gpt2 below
     ("sample.nucleus_p", None, ["sample.nucleus_p", "a number"]),
     ("packing", [1, 2], ["packing", "mapping"]),
+    ("eval.featurizer", "/nonexistent/model", ["eval.featurizer", "does not exist", "minilm"]),
+    ("eval.reference_samples", 1, ["eval.reference_samples", ">= 2"]),
 ]
 
 

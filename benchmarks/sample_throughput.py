@@ -7,7 +7,7 @@ as the paper counts them), the measured speed-up over ADLM and over MDLM, the FL
 speed-up (ratio of FLOPs counted during the same real runs) and measured / bound.
 `ddpm_cache` is off: every step calls the model, as in the paper's fixed-step budget.
 
-    python benchmarks/sample_throughput.py --arch paper --steps 8      # d=768, L=1024, V=50257
+    python benchmarks/sample_throughput.py --arch paper --steps 16 --repeats 2 --out benchmarks/results  # d=768, L=1024, V=50257
     python benchmarks/sample_throughput.py --arch default --steps 64   # the default profile
 """
 
@@ -44,7 +44,7 @@ def arch(name: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="paper", help="paper, or a profile name (default, micro)")
-    ap.add_argument("--steps", type=int, default=8, help="reverse steps T per sample")
+    ap.add_argument("--steps", type=int, default=16, help="reverse steps T per sample")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--refresh", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--warmup", type=int, default=1)

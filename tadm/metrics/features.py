@@ -8,6 +8,13 @@ Two conventions, one interface (:class:`Featurizer`):
   ``max_seq_length`` (256 tokens, from its ``sentence_bert_config.json``). Mean pooling makes
   it nearly blind to word order (a passage and its word-shuffled copy embed alike), so MAUVE
   with it measures vocabulary and topic more than fluency.
+- ``smollm2`` (offline default): SmolLM2-135M, the offline Gen PPL evaluator
+  (`tadm.metrics.evaluator`, its safetensors cache), as a causal encoder: the mean of its final
+  hidden states (after the last norm) over the text's tokens, no special tokens added. A causal
+  LM's states depend on word order, so it tells text from word-shuffled text (measured on
+  Shakespeare, 150 vs 150 passages of 80 words: MAUVE 0.997 for two halves, 0.037 against
+  word-shuffled; its last-token state, MAUVE's own pooling, gives 0.96 / 0.11, and MiniLM
+  0.97 / 0.95), which is why it, not MiniLM, is the default profile's featurizer.
 - ``gpt2-large`` (paper profile, ReMDM's MAUVE protocol): MAUVE's own featurizer. The final
   hidden state (after GPT-2's last layer norm) at the last token of each text, texts truncated
   to 1024 tokens, no special tokens added, right padding. Loaded with ``from_pretrained`` from
@@ -31,6 +38,7 @@ from tqdm import tqdm
 from tadm.errors import DataError
 
 MINILM = "minilm"
+SMOLLM2 = "smollm2"
 GPT2_LARGE = "gpt2-large"
 MAUVE_MAX_TOKENS = 1024  # mauve-text's max_text_length default (ReMDM keeps it)
 
@@ -117,6 +125,18 @@ class MeanPooled(Featurizer):
         return torch.nn.functional.normalize(mean, p=2, dim=-1)
 
 
+class CausalMeanPooled(Featurizer):
+    """A causal LM's final hidden states (after its last norm), masked mean over the text."""
+
+    def tokenize(self, text: str) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False, truncation=True, max_length=self.max_length)["input_ids"]
+        return ids or [self.tokenizer.eos_token_id or 0]
+
+    def pool(self, hidden, mask):
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
 class LastToken(Featurizer):
     """MAUVE's featurizer: final hidden state at each text's last token (right padding).
     An empty text is featurized as the model's EOS token alone (mauve-text drops it)."""
@@ -138,13 +158,21 @@ def _sentence_max_length(model_dir: Path, model) -> int:
 
 
 def load_featurizer(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                    batch_size: int = 32, progress: bool = False) -> Featurizer:
-    """``"minilm"`` (offline), ``"gpt2-large"`` or another hub id (MAUVE's last-token
-    features), or a local model directory (see the module docstring)."""
+                    batch_size: int = 32, progress: bool = False, cache_dir: str | Path | None = None) -> Featurizer:
+    """``"smollm2"`` (offline; needs the evaluator's `cache_dir`), ``"minilm"`` (offline),
+    ``"gpt2-large"`` or another hub id (MAUVE's last-token features), or a local model
+    directory (see the module docstring)."""
     from transformers import AutoModel, AutoTokenizer
 
     if not isinstance(name, str) or not name:
-        raise DataError(f"featurizer: expected 'minilm', a hub id or a model directory, got {name!r}")
+        raise DataError(f"featurizer: expected 'smollm2', 'minilm', a hub id or a model directory, got {name!r}")
+    if name == SMOLLM2:
+        from tadm.metrics.evaluator import smollm2_cache
+
+        path, _ = smollm2_cache(cache_dir)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModel.from_pretrained(str(path), dtype=dtype).to(device)
+        return CausalMeanPooled(model, tokenizer, MAUVE_MAX_TOKENS, batch_size=batch_size, progress=progress)
     path = minilm_dir() if name == MINILM else Path(name).expanduser()
     source = str(path) if path.exists() else name
     try:

@@ -122,3 +122,53 @@ def gen_ppl_ids(sequences: list[list[int]], evaluator: Evaluator, batch_size: in
             nll[i] += value
             count[i] += len(c) - 1
     return GenPPL(ppl=math.exp(nll.sum() / count.sum()), nll=nll, tokens=count)
+
+
+@torch.no_grad()
+def gen_ppl_and_features(texts: list[str], evaluator: Evaluator, batch_size: int = 8,
+                         max_feature_tokens: int = 1024, progress: bool = False) -> tuple[GenPPL, np.ndarray]:
+    """Gen PPL of `texts` and, from the same forward passes, MAUVE features: the mean of the
+    evaluator's final hidden states over each text's first `max_feature_tokens` tokens (what
+    `tadm.metrics.features.CausalMeanPooled` computes with the same model). One pass serves
+    both because the model is causal: the NLL up to the first EOS does not see later tokens.
+    Texts longer than one chunk fall back to two separate computations."""
+    if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
+        raise ValueError("texts must be a non-empty list of strings")
+    ids = [evaluator.encode(t) or [evaluator.eos_id] for t in texts]
+    width = min(evaluator.context_length, max_feature_tokens)
+    if max(len(i) for i in ids) > width:
+        from tadm.metrics.features import CausalMeanPooled
+
+        featurizer = CausalMeanPooled(evaluator.model.base_model, evaluator.tokenizer, max_feature_tokens, batch_size)
+        return gen_ppl_ids(ids, evaluator, batch_size, progress=progress), featurizer.encode(list(texts))
+    device = next(evaluator.model.parameters()).device
+    nll = np.zeros(len(ids), dtype=np.float64)
+    count = np.zeros(len(ids), dtype=np.int64)
+    features = None
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for batch in tqdm(batches, desc=f"gen ppl + features [{evaluator.name}]", unit="batch", disable=not progress):
+        L = max(len(ids[i]) for i in batch)
+        tokens = torch.full((len(batch), L), evaluator.eos_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), L), dtype=torch.long)
+        scored = torch.zeros((len(batch), L), dtype=torch.bool)  # target positions counted in the NLL
+        for row, i in enumerate(batch):
+            tokens[row, : len(ids[i])] = torch.tensor(ids[i])
+            mask[row, : len(ids[i])] = 1
+            scored[row, 1: len(scored_ids(ids[i], evaluator.eos_id))] = True
+        tokens, mask, scored = tokens.to(device), mask.to(device), scored.to(device)
+        out = evaluator.model(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+        logits = out.logits[:, :-1].float()
+        token_nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+        hidden = out.hidden_states[-1].float()
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = ((hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)).cpu().numpy()
+        if features is None:
+            features = np.zeros((len(ids), pooled.shape[1]), dtype=np.float32)
+        for row, i in enumerate(batch):
+            nll[i] = float((token_nll[row] * scored[row, 1:]).double().sum())
+            count[i] = int(scored[row].sum())
+            features[i] = pooled[row]
+    if count.sum() == 0:
+        raise ValueError("texts: no sample has 2 or more evaluator tokens to score (all too short)")
+    return GenPPL(ppl=math.exp(nll.sum() / count.sum()), nll=nll, tokens=count), features

@@ -27,7 +27,12 @@ class Fusion(nn.Module):
             nn.Linear(hidden_ratio * d_model, d_model),
         )
 
+    def correction(self, c_t: torch.Tensor, h_tprime: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate, Delta), both (B, L, d): h~ = h_t' + gate * Delta (for inspection)."""
+        u = torch.cat([self.norm_c(c_t), self.norm_h(h_tprime)], dim=-1)
+        return torch.sigmoid(self.gate(u)), self.delta(u)
+
     def forward(self, c_t: torch.Tensor, h_tprime: torch.Tensor) -> torch.Tensor:
         """c_t, h_tprime: (B, L, d) -> fused representation h~ (B, L, d)."""
-        u = torch.cat([self.norm_c(c_t), self.norm_h(h_tprime)], dim=-1)
-        return h_tprime + torch.sigmoid(self.gate(u)) * self.delta(u)
+        gate, delta = self.correction(c_t, h_tprime)
+        return h_tprime + gate * delta

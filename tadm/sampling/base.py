@@ -23,7 +23,8 @@ One reverse trajectory per batch (MDLM / ReMDM conventions, REFERENCE.md §2):
    x_theta needed, and only at the decoding positions.
 3. x_theta at those rows = SUBS(logits) (the mask logit -inf; REFERENCE §2) in `precision`,
    nucleus (top-p) filtered, and one categorical draw per row in `precision` (float64 by
-   default, as ReMDM: fp32 Gumbel noise shifts Gen PPL). The network body runs on the whole
+   default, as ReMDM: fp32 noise shifts Gen PPL), by the inverse CDF on the sorted cumulative
+   mass the nucleus rule computes anyway (`draw_nucleus`). The network body runs on the whole
    canvas; its output head runs on the decoding rows only (`lazy_head`; `lazy_head=False`
    projects every position and selects the rows afterwards, the full computation the lazy one
    is tested against). Over a trajectory each position is decoded about once (MDLM: exactly
@@ -247,11 +248,37 @@ def point_mass(z: Tensor, n_classes: int, dtype: torch.dtype) -> Tensor:
     return out.scatter_(-1, z.unsqueeze(-1), 1.0)
 
 
-def x_theta_rows(logits: Tensor, mask_id: int, nucleus_p: float, precision: torch.dtype) -> Tensor:
-    """x_theta at masked rows (N, V+1) from their logits: SUBS (mask logit -inf, softmax in
-    `precision`), then top-p. Row for row the same as `predict_x0` at masked positions."""
-    all_masked = torch.full(logits.shape[:-1], mask_id, dtype=torch.long, device=logits.device)
-    return predict_x0(logits, all_masked, mask_id, nucleus_p, precision)
+def x_theta_rows(logits: Tensor, mask_id: int, precision: torch.dtype) -> Tensor:
+    """SUBS x_theta at masked rows (N, V+1) from their logits, in `precision`, before top-p:
+    the mask logit -inf, softmax over the rest."""
+    logits = logits.to(precision)
+    logits[..., mask_id] = float("-inf")
+    return torch.softmax(logits, dim=-1)
+
+
+def draw_nucleus(probs: Tensor, p: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """One draw per row from top-p(probs) (N, C), and the drawn token's probability under the
+    filtered, renormalised distribution; in probs' dtype.
+
+    Exactly the distribution of `sample_categorical(nucleus_filter(probs, p))`, drawn by the
+    inverse CDF on the (sorted, for p < 1) cumulative mass: one uniform per row, no second pass
+    over the vocabulary. The kept set is a prefix of the descending order (ReMDM's rule)."""
+    if p >= 1.0:
+        order, ranked = None, probs
+    else:
+        ranked, order = probs.sort(dim=-1, descending=True)
+    csum = ranked.cumsum(-1)
+    if p >= 1.0:
+        mass = csum[:, -1]
+    else:
+        kept = (csum <= p).sum(-1).clamp_min(1)  # always keep the most likely token
+        mass = csum.gather(-1, (kept - 1).unsqueeze(-1)).squeeze(-1)
+    u = torch.rand(mass.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    x = torch.minimum(u * mass, torch.nextafter(mass, torch.zeros_like(mass)))  # strictly below the kept mass
+    idx = torch.searchsorted(csum, x.unsqueeze(-1), right=True)
+    token_prob = ranked.gather(-1, idx).squeeze(-1) / mass
+    tokens = idx.squeeze(-1) if order is None else order.gather(-1, idx).squeeze(-1)
+    return tokens, token_prob
 
 
 # --------------------------------------------------------------------------- samplers
@@ -281,9 +308,9 @@ class Sampler(abc.ABC):
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         """The step's rates (`Transition`, via `factored`); identity outside `active`."""
 
-    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, x_theta: Tensor) -> None:
-        """Called with the sampled z_s, the decoded positions (B, L) and x_theta at those rows
-        (N, V+1) (for samplers with state, e.g. ReMDM-conf)."""
+    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, token_prob: Tensor) -> None:
+        """Called with the sampled z_s, the decoded positions (B, L) and the probability (N,)
+        each decoded token had under top-p(x_theta) (for samplers with state, e.g. ReMDM-conf)."""
 
     def rates(self, z_t: Tensor, active: Tensor, unmask: Tensor | float, remask: Tensor | float) -> tuple[Tensor, Tensor]:
         """`factored` in this run's precision."""
@@ -317,7 +344,8 @@ class _Network:
         self.hidden: Tensor | None = None
 
     def step(self, z: Tensor, step: int, t: float, decoded: Tensor) -> tuple[Tensor, Tensor | None, bool]:
-        """(x_theta at the decoded rows (N, V+1), full x_theta or None, reused)."""
+        """(SUBS x_theta at the decoded rows (N, V+1) before top-p, the full SUBS x_theta
+        (B, L, V+1) before top-p when lazy_head is off (else None), reused)."""
         cfg, adapter = self.cfg, self.adapter
         anything = bool(decoded.any())
         reused = cfg.ddpm_cache and adapter.can_reuse(z, step) and (
@@ -328,10 +356,10 @@ class _Network:
             self.canvas, self.hidden = z, adapter.features(z, step, t)
         full = None
         if not cfg.lazy_head and self.hidden is not None and (anything or not reused):
-            full = predict_x0(adapter.project(self.hidden), self.canvas, adapter.mask_id, cfg.nucleus_p, cfg.precision)
+            full = predict_x0(adapter.project(self.hidden), self.canvas, adapter.mask_id, 1.0, cfg.precision)
             rows = full[decoded]
         elif anything:
-            rows = x_theta_rows(adapter.project(self.hidden, decoded), adapter.mask_id, cfg.nucleus_p, cfg.precision)
+            rows = x_theta_rows(adapter.project(self.hidden, decoded), adapter.mask_id, cfg.precision)
         else:
             rows = torch.empty(0, adapter.mask_id + 1, dtype=cfg.precision, device=z.device)
         return rows, full, reused
@@ -360,11 +388,14 @@ def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch:
             decoded, remasked = masked & (u < tr.unmask), ~masked & (u < tr.remask)
             x_theta, full, reused = network.step(z, step, t, decoded)
             z_s = z.masked_fill(remasked, mask_id)
+            token_prob = x_theta.new_empty(0)
             if x_theta.shape[0]:
-                z_s[decoded] = sample_categorical(x_theta, generator)
-            sampler.observe(z, z_s, decoded, x_theta)
+                z_s[decoded], token_prob = draw_nucleus(x_theta, cfg.nucleus_p, generator)
+            sampler.observe(z, z_s, decoded, token_prob)
             if callback is not None:
-                callback(StepInfo(step, b, t, s, z, z_s, decoded, x_theta, tr, active, reused, full))
+                p = cfg.nucleus_p
+                callback(StepInfo(step, b, t, s, z, z_s, decoded, nucleus_filter(x_theta, p), tr, active, reused,
+                                  None if full is None else nucleus_filter(full, p)))
             z, step = z_s, step + 1
         left = int(((z == mask_id) & active).sum())
         if left:
@@ -401,5 +432,5 @@ def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len:
 __all__ = [
     "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "Transition", "StepInfo", "Sampler", "SAMPLERS",
     "build_sampler", "sample", "time_grid", "block_ranges", "alpha_at", "nucleus_filter", "predict_x0",
-    "sample_categorical", "point_mass", "factored", "x_theta_rows",
+    "sample_categorical", "point_mass", "factored", "x_theta_rows", "draw_nucleus",
 ]

@@ -125,11 +125,11 @@ class ReMDMSampler(Sampler):
         unmask = remdm_unmask(alpha_t, alpha_s, sigma)
         return Transition(*self.rates(z_t, active, unmask, sigma), alpha_t, alpha_s, sigma, phase)
 
-    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, x_theta: Tensor) -> None:
+    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, token_prob: Tensor) -> None:
         """ReMDM-conf bookkeeping: newly decoded -> -p(token), remasked -> -inf."""
         if self.strategy != "conf":
             return
         remasked = (z_t != self.mask_id) & (z_s == self.mask_id)
         p = torch.zeros_like(self.conf)
-        p[decoded] = x_theta.gather(-1, z_s[decoded].unsqueeze(-1)).squeeze(-1).to(self.conf.dtype)
+        p[decoded] = token_prob.to(self.conf.dtype)
         self.conf = torch.where(decoded, -p, self.conf).masked_fill(remasked, float("-inf"))

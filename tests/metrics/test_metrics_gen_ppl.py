@@ -100,3 +100,19 @@ def test_bad_inputs_name_the_argument(tiny):
         with pytest.raises(ValueError, match=words) as err:
             call()
         assert "\n" not in str(err.value)
+
+
+def test_one_pass_gen_ppl_and_features_equal_the_separate_computations(smollm2, passages):
+    from tadm.metrics.features import load_featurizer
+    from tadm.metrics.gen_ppl import gen_ppl_and_features
+
+    ev, cache, _ = smollm2
+    eos = "<|endoftext|>"
+    texts = passages[:5] + [f"{eos}{passages[5]}{eos}{passages[6]}", "word"]  # EOS inside: counting stops there
+    ppl, features = gen_ppl_and_features(texts, ev, batch_size=3)
+    separate = gen_ppl(texts, ev, batch_size=2)
+    np.testing.assert_allclose(ppl.nll, separate.nll, rtol=1e-4)
+    np.testing.assert_array_equal(ppl.tokens, separate.tokens)
+    assert ppl.ppl == pytest.approx(separate.ppl, rel=1e-4)
+    reference = load_featurizer("smollm2", cache_dir=cache, batch_size=4).encode(texts)
+    np.testing.assert_allclose(features, reference, rtol=1e-3, atol=1e-3)

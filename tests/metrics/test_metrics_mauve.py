@@ -1,16 +1,17 @@
 """MAUVE on real text: two halves of one source agree, corrupted text does not.
 
-100 vs 100 passages of 80 words (10 histogram bins, mauve's "auto"). The corruption is
-letter-scrambled words: all-MiniLM-L6-v2 mean-pools its token states, so it is close to blind to
-word order (word-shuffled passages score ~0.9 against real ones with it) but not to the words
-themselves. GPT-2 Large's last-token features, the paper's, do see word order.
+100 vs 100 passages of 80 words (10 histogram bins, mauve's "auto"). With the default profile's
+featurizer (SmolLM2's mean final state, order-aware) word-shuffled passages score low. The
+MiniLM option mean-pools a bag-of-words-like encoder: blind to word order (word-shuffled
+passages score ~0.95 against real ones with it, documented below), it still rejects
+letter-scrambled words. GPT-2 Large's last-token features, the paper's, see word order too.
 """
 
 import numpy as np
 import pytest
 
 from tadm.metrics.mauve import DEFAULTS, mauve_from_features, mauve_score, mauve_score_features
-from tests.metrics.conftest import scramble_letters
+from tests.metrics.conftest import scramble_letters, shuffle_words
 
 N = 100
 
@@ -18,12 +19,32 @@ N = 100
 @pytest.fixture(scope="module")
 def texts(passages):
     p, q = passages[:N], passages[N:2 * N]
-    return {"p": p, "q": q, "scrambled": [scramble_letters(t, i) for i, t in enumerate(p)]}
+    return {"p": p, "q": q, "scrambled": [scramble_letters(t, i) for i, t in enumerate(p)],
+            "shuffled": [shuffle_words(t, i) for i, t in enumerate(p)]}
 
 
 @pytest.fixture(scope="module")
 def features(texts, minilm):
     return {k: minilm.encode(v) for k, v in texts.items()}
+
+
+@pytest.fixture(scope="module")
+def smollm2_features(texts, smollm2):
+    from tadm.metrics.features import load_featurizer
+
+    featurizer = load_featurizer("smollm2", cache_dir=smollm2[1], batch_size=16)
+    return {k: featurizer.encode(texts[k]) for k in ("p", "q", "shuffled")}
+
+
+def test_default_featurizer_real_vs_held_out_high_and_word_shuffled_low(smollm2_features):
+    same = mauve_score_features(smollm2_features["p"], smollm2_features["q"])
+    shuffled = mauve_score_features(smollm2_features["shuffled"], smollm2_features["q"])
+    print(f"MAUVE (smollm2 features) real vs held-out real: {same:.4f}; word-shuffled vs real: {shuffled:.4f}")
+    assert same >= 0.9 and shuffled <= 0.1
+
+
+def test_minilm_is_blind_to_word_order(features):
+    assert mauve_score_features(features["shuffled"], features["q"]) >= 0.5  # why it is not the default
 
 
 def test_two_halves_of_the_same_text_score_high(features):

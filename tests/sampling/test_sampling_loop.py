@@ -326,6 +326,18 @@ def test_nucleus_filter():
     assert nucleus_filter(p, 1.0) is p
 
 
+@pytest.mark.parametrize("p", [1.0, 0.85, 0.5, 0.1])
+def test_draw_nucleus_draws_from_the_filtered_distribution(p):
+    from tadm.sampling.base import draw_nucleus
+
+    probs = torch.tensor([0.05, 0.5, 0.0, 0.3, 0.15], dtype=torch.float64).expand(200_000, 5).contiguous()
+    tokens, token_prob = draw_nucleus(probs, p, torch.Generator().manual_seed(0))
+    target = nucleus_filter(probs[:1], p)[0]
+    freq = torch.bincount(tokens, minlength=5).double() / tokens.numel()
+    torch.testing.assert_close(freq, target, rtol=0, atol=4e-3)
+    assert freq[2] == 0 and torch.allclose(token_prob, target[tokens], rtol=1e-12, atol=0)
+
+
 def test_sample_categorical_matches_probabilities():
     probs = torch.tensor([0.6, 0.25, 0.1, 0.05, 0.0], dtype=torch.float64).expand(200_000, 5)
     draws = sample_categorical(probs, torch.Generator().manual_seed(0))

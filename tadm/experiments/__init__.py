@@ -1,0 +1,7 @@
+"""What the notebooks run: the paper's experiments as functions (notebooks stay thin).
+
+    sampling    one saved sample set per (row, T): tokens + the sampling record
+    table2      Table 2's rows, the scorer (MAUVE, Gen PPL, entropy), run_row
+    staleness   anchor staleness along real reverse trajectories, and its figure
+    tables      Markdown / CSV tables and the quality-compute figure from the results
+"""

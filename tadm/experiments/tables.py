@@ -1,0 +1,143 @@
+"""The paper's tables and figures from the JSON results the sampling stages wrote.
+
+    results/table2/<row>.json   one Table 2 row, every budget T   (tadm.experiments.table2.run_row)
+    results/sweep/<name>.json   TADM at one T with refresh K (or the adaptive policy)
+
+`table2_frame` / `sweep_frame` flatten them into pandas frames; `write_table` writes Markdown
+and CSV; `tradeoff_figure` plots quality against compute (seaborn), saved as PNG and PDF.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from tadm.experiments.table2 import ROWS
+from tadm.io import atomic_path, atomic_write_text
+
+METRICS = ["mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"]
+HEADERS = {"mauve": "MAUVE ↑", "gen_ppl": "Gen PPL ↓", "entropy": "Entropy", "layer_calls": "Compute (layer calls)",
+           "tokens_per_s": "Throughput (tok/s)", "compute_vs_mdlm": "Compute vs MDLM"}
+
+
+def read_results(directory: str | Path) -> list[dict]:
+    files = sorted(Path(directory).glob("*.json"))
+    if not files:
+        from tadm.errors import DataError
+
+        raise DataError(f"no results in {directory}: run the sampling stages first")
+    return [json.loads(f.read_text()) for f in files]
+
+
+def long_frame(results: list[dict]) -> pd.DataFrame:
+    """One line per (row, T) with every metric."""
+    lines = []
+    for r in results:
+        for T, m in r["budgets"].items():
+            lines.append({"row": r["row"], "label": r["label"], "T": int(T), "policy": m.get("policy"),
+                          "sampler": m.get("sampler"), **{k: m.get(k) for k in METRICS}})
+    return pd.DataFrame(lines)
+
+
+def table2_frame(results: list[dict]) -> pd.DataFrame:
+    """Table 2: rows in the paper's order, (metric, T) columns, compute also relative to MDLM."""
+    df = long_frame(results)
+    mdlm = df[df.row == "mdlm"].set_index("T")["layer_calls"]
+    df["compute_vs_mdlm"] = [lc / mdlm[T] if lc is not None and T in mdlm.index else None
+                             for lc, T in zip(df.layer_calls, df["T"])]
+    order = [r for r in ROWS if r in set(df.row)] + sorted(set(df.row) - set(ROWS))
+    wide = df.pivot(index="row", columns="T", values=METRICS + ["compute_vs_mdlm"]).reindex(order)
+    wide.index = [ROWS[r].label if r in ROWS else r for r in wide.index]
+    wide.index.name = "Method"
+    return wide
+
+
+def sweep_frame(results: list[dict]) -> pd.DataFrame:
+    """The refresh-interval sweep: one line per policy at one T, compute relative to K = 1."""
+    df = long_frame(results)
+    base = df[df.policy == "FixedInterval(K=1)"].set_index("T")["layer_calls"]
+    df["compute_vs_k1"] = [lc / base[T] if T in base.index else None for lc, T in zip(df.layer_calls, df["T"])]
+    df["order"] = [(0, int(p.split("=")[1].rstrip(")"))) if p.startswith("FixedInterval") else (1, p)
+                   for p in df.policy.astype(str)]
+    return df.sort_values(["T", "order"]).drop(columns=["order", "label", "row"]).reset_index(drop=True)
+
+
+def metrics_dict(results: list[dict]) -> dict[str, float]:
+    """Flat {"<row>_T<T>_<metric>": value} for `dvc metrics` (missing values left out)."""
+    out = {}
+    for r in long_frame(results).itertuples():
+        for m in ("mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"):
+            v = getattr(r, m)
+            if v is not None and not pd.isna(v):
+                out[f"{r.row}_T{r.T}_{m}"] = float(v)
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A pipe table without the `tabulate` dependency (MultiIndex columns joined as "metric T=..")."""
+    cols = [" ".join([HEADERS.get(str(c[0]), str(c[0])), f"T={c[1]}"]) if isinstance(c, tuple) else HEADERS.get(c, c)
+            for c in df.columns]
+    index_name = df.index.name or ""
+    lines = ["| " + " | ".join([index_name, *cols]) + " |", "|" + "---|" * (len(cols) + 1)]
+    for idx, row in df.iterrows():
+        lines.append("| " + " | ".join([_fmt(idx), *(_fmt(v) for v in row.tolist())]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(df: pd.DataFrame, out: str | Path, name: str, caption: str = "") -> None:
+    out = Path(out)
+    atomic_write_text(out / f"{name}.md", (f"{caption}\n\n" if caption else "") + to_markdown(df))
+    atomic_write_text(out / f"{name}.csv", df.to_csv())
+
+
+def save_figure(fig, out: str | Path, name: str) -> None:
+    """PNG (150 dpi) and PDF, each written atomically."""
+    for ext in ("png", "pdf"):
+        with atomic_path(Path(out) / f"{name}.{ext}") as tmp:
+            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+
+
+def tradeoff_figure(table2: list[dict], sweep: list[dict] | None = None):
+    """Quality (Gen PPL, MAUVE) against compute (layer calls per sequence batch), every row and
+    budget; the TADM refresh sweep as a connected line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    df = long_frame(table2).dropna(subset=["layer_calls"])
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric in zip(axes, ("gen_ppl", "mauve")):
+        sns.scatterplot(data=df, x="layer_calls", y=metric, hue="label", style="T", s=70, ax=ax)
+        if sweep:
+            sw = long_frame(sweep)
+            fixed = sw[sw.policy.astype(str).str.startswith("FixedInterval")].sort_values("layer_calls")
+            ax.plot(fixed.layer_calls, fixed[metric], "-o", color="0.4", ms=3, lw=1, label="TADM, K = 1..8")
+            for _, r in fixed.iterrows():
+                ax.annotate(r.policy.split("=")[1].rstrip(")"), (r.layer_calls, r[metric]), fontsize=7,
+                            xytext=(2, 2), textcoords="offset points")
+        ax.set_xlabel("Transformer-layer calls per sequence batch")
+        ax.set_ylabel(HEADERS[metric])
+        if metric == "gen_ppl":
+            ax.set_yscale("log")
+    axes[0].get_legend().remove()
+    axes[1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    fig.suptitle("Quality against compute")
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["read_results", "long_frame", "metrics_dict", "table2_frame", "sweep_frame", "to_markdown", "write_table", "save_figure",
+           "tradeoff_figure"]

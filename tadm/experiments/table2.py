@@ -109,6 +109,19 @@ class Scorer:
         return {"mauve": float(mauve), "gen_ppl": float(ppl.ppl), "entropy": float(mean_entropy(tokens))}
 
 
+def save_data_samples(tokens: np.ndarray, out_dir: Path, steps: int, start: int) -> dict[str, Any]:
+    """The Data row's "samples" (held-out validation sequences) saved like a model's, so every
+    row of the table has its texts on disk."""
+    from tadm.io import atomic_path
+
+    record = {"row": "data", "T": steps, "sampler": "data", "policy": None, "counters": {}, "tokens_per_s": None,
+              "source": f"data/packed/validation sequences {start}..{start + len(tokens) - 1}"}
+    with atomic_path(out_dir / f"T{steps}.npy") as tmp, open(tmp, "wb") as f:
+        np.save(f, tokens.astype(np.int64), allow_pickle=False)
+    atomic_write_json(out_dir / f"T{steps}.json", record)
+    return record
+
+
 def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path = "models",
             samples_dir: str | Path = "samples", steps: list[int] | None = None, K: int | None = None,
             adaptive: float | None = None, checkpoint: str | None = None, sampler: str | None = None,
@@ -122,7 +135,7 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
     for T in budgets:
         if row.model is None:
             tokens = scorer.data_tokens()
-            record = {"T": T, "counters": {}, "tokens_per_s": None, "policy": None, "sampler": "data"}
+            record = save_data_samples(tokens, Path(samples_dir) / name, T, start=params.eval.reference_samples)
         else:
             spec = SampleRun(name, checkpoint or str(Path(models_dir) / row.model), sampler or row.sampler, K=K,
                              adaptive=adaptive)

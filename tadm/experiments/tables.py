@@ -61,7 +61,19 @@ def sweep_frame(results: list[dict]) -> pd.DataFrame:
     df["compute_vs_k1"] = [lc / base[T] if T in base.index else None for lc, T in zip(df.layer_calls, df["T"])]
     df["order"] = [(0, int(p.split("=")[1].rstrip(")"))) if p.startswith("FixedInterval") else (1, p)
                    for p in df.policy.astype(str)]
+    df["policy"] = [policy_label(p) for p in df.policy.astype(str)]
     return df.sort_values(["T", "order"]).drop(columns=["order", "label", "row"]).reset_index(drop=True)
+
+
+def policy_label(policy: str) -> str:
+    """"FixedInterval(K=4)" -> "K=4"; "AdaptiveDrift(threshold=0.2, metric='changed_fraction', ...)"
+    -> "adaptive: changed_fraction > 0.2"."""
+    if policy.startswith("FixedInterval("):
+        return policy.removeprefix("FixedInterval(").rstrip(")")
+    if policy.startswith("AdaptiveDrift("):
+        fields = dict(f.split("=") for f in policy.removeprefix("AdaptiveDrift(").rstrip(")").split(", "))
+        return f"adaptive: {fields['metric'].strip(chr(39))} > {fields['threshold']}"
+    return policy
 
 
 def metrics_dict(results: list[dict]) -> dict[str, float]:
@@ -79,6 +91,8 @@ def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and pd.isna(v)):
         return "–"
     if isinstance(v, float):
+        if v != 0 and abs(v) < 1e-2:
+            return f"{v:.2e}"
         return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
     return str(v)
 
@@ -116,17 +130,22 @@ def tradeoff_figure(table2: list[dict], sweep: list[dict] | None = None):
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    df = long_frame(table2).dropna(subset=["layer_calls"])
+    full = long_frame(table2)
+    df = full.dropna(subset=["layer_calls"])
+    data = full[full.row == "data"]
     sns.set_theme(style="whitegrid", context="paper")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, metric in zip(axes, ("gen_ppl", "mauve")):
+        if len(data):
+            ax.axhline(float(data[metric].iloc[0]), color="k", ls="--", lw=1, label="Data (held-out text)")
         sns.scatterplot(data=df, x="layer_calls", y=metric, hue="label", style="T", s=70, ax=ax)
         if sweep:
             sw = long_frame(sweep)
             fixed = sw[sw.policy.astype(str).str.startswith("FixedInterval")].sort_values("layer_calls")
+            fixed = fixed.assign(policy=[policy_label(p) for p in fixed.policy])
             ax.plot(fixed.layer_calls, fixed[metric], "-o", color="0.4", ms=3, lw=1, label="TADM, K = 1..8")
             for _, r in fixed.iterrows():
-                ax.annotate(r.policy.split("=")[1].rstrip(")"), (r.layer_calls, r[metric]), fontsize=7,
+                ax.annotate(r.policy.removeprefix("K="), (r.layer_calls, r[metric]), fontsize=7,
                             xytext=(2, 2), textcoords="offset points")
         ax.set_xlabel("Transformer-layer calls per sequence batch")
         ax.set_ylabel(HEADERS[metric])

@@ -16,6 +16,17 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 
+def torch_single_thread():
+    """Run torch single-threaded for the duration of a fixture (tiny ops on 2 shared cores:
+    OpenMP threads only wait on each other). Sub-packages make it an autouse fixture."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def micro_raw(**overrides) -> dict:
     """The micro profile as a raw mapping, with `section.key` overrides."""
     from tadm import config

@@ -80,7 +80,9 @@ class Scorer:
         self.featurizer = None if self.joint else load_featurizer(e.featurizer, device=device,
                                                                      batch_size=e.batch_size, cache_dir=e.cache_dir)
         self.reference = validation_tokens(packed_dir, 0, e.reference_samples)
-        _, self.reference_features = self._ppl_and_features(self.texts(self.reference))
+        reference = self.texts(self.reference)  # only their features are needed
+        self.reference_features = (self._ppl_and_features(reference)[1] if self.joint
+                                   else self.featurizer.encode(reference))
 
     def _ppl_and_features(self, texts: list[str]):
         from tadm.metrics import gen_ppl

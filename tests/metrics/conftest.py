@@ -13,12 +13,9 @@ import time
 import pytest
 import torch
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+from tests.conftest import torch_single_thread
+
+single_thread = pytest.fixture(autouse=True, scope="module", name="single_thread")(torch_single_thread)
 
 
 WORDS = 80  # words per passage: ~110 MiniLM tokens, ~100 SmolLM2 tokens

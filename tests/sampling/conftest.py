@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import torch_single_thread
+
 from tadm.config import ModelConfig
 from tadm.models import build_model
 
@@ -27,9 +29,4 @@ def random_model(kind: str, cfg: ModelConfig = TINY, seq_len: int = 16, seed: in
     return model.eval()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+single_thread = pytest.fixture(autouse=True, scope="module", name="single_thread")(torch_single_thread)

@@ -158,6 +158,33 @@ def cmd_compute_column(args) -> None:
     print(to_markdown(rows))
 
 
+def cmd_dg_base(args) -> None:
+    """Train the default profile's small DiffusionGemma (posttrain.base_model: local)."""
+    from tadm.data.tokenizer import load_tokenizer
+    from tadm.posttrain.train import train_base
+
+    p = _params(args)
+    if p.posttrain.base_model != "local":
+        # the paper profile starts from a released DiffusionGemma: record which, train nothing
+        from tadm.io import atomic_write_json
+        from tadm.posttrain.model import BASE_DIR
+
+        Path("checkpoints/dg_base").mkdir(parents=True, exist_ok=True)
+        atomic_write_json(BASE_DIR / "base.json", {"base_model": p.posttrain.base_model})
+        atomic_write_json(Path("metrics/posttrain/dg_base.json"), {"run": "dg_base", "base_model": p.posttrain.base_model})
+        print(f"posttrain.base_model = {p.posttrain.base_model!r}: loaded from there by dg-posttrain; nothing to train")
+        return
+    tok_name = args.tokenizer if p.sft.tokenizer == "project" else p.sft.tokenizer
+    print(json.dumps(train_base(p, load_tokenizer(tok_name), sft_dir=Path(args.sft))))
+
+
+def cmd_dg_posttrain(args) -> None:
+    """TADM:Post-train: train the fusion of the frozen DiffusionGemma."""
+    from tadm.posttrain.train import train_fusion
+
+    print(json.dumps(train_fusion(_params(args), sft_dir=Path(args.sft))))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tadm", description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
@@ -211,6 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar")
     p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (pack stage output)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("dg-base", help="train the small DiffusionGemma of the default profile on the SFT canvases")
+    p.add_argument("--sft", default=str(SFT_DIR))
+    p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+    p.set_defaults(func=cmd_dg_base)
+
+    p = sub.add_parser("dg-posttrain", help="TADM:Post-train: train the fusion of a frozen DiffusionGemma "
+                       "(multi-process: torchrun --nproc_per_node=N -m tadm dg-posttrain)")
+    p.add_argument("--sft", default=str(SFT_DIR))
+    p.set_defaults(func=cmd_dg_posttrain)
     return ap
 
 

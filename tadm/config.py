@@ -98,6 +98,8 @@ class SftConfig:
     champ: bool = True
     arithmetic_examples: int = spec(2000, ge=0)
     arithmetic_max_operand: int = spec(99, ge=1)
+    arithmetic_max_ops: int = spec(3, ge=1)  # operations per problem: 1..max_ops
+    arithmetic_ops: list[Literal["+", "-", "*"]] = spec(["+", "-", "*"], nonempty=True)
     hub_sources: list[HubSftSource] = spec([])
     # GSM8K for evaluation: null (unused), "hub" (openai/gsm8k) or a directory with
     # train.jsonl / test.jsonl
@@ -182,32 +184,74 @@ class EvalConfig:
 
 
 @dataclass
-class PosttrainConfig:
-    """TADM:Post-train on DiffusionGemma (paper: Sec. 4, App. C.1)."""
+class DiffusionGemmaSize:
+    """The small DiffusionGemma the pipeline trains itself (posttrain.base_model: local).
 
+    Its decoder depth is shared_layers + anchor_layers + denoiser_layers of the posttrain
+    section; the MoE fields are required by DiffusionGemma and set small.
+    """
+
+    hidden_size: int = spec(128, ge=8)
+    intermediate_size: int = spec(256, ge=8)
+    num_attention_heads: int = spec(4, ge=1)
+    num_key_value_heads: int = spec(1, ge=1)
+    head_dim: int = spec(32, ge=4)
+    sliding_window: int = spec(128, ge=2)
+    num_experts: int = spec(4, ge=1)
+    top_k_experts: int = spec(2, ge=1)
+    moe_intermediate_size: int = spec(64, ge=4)
+    # uniform-state block-diffusion training on the SFT canvases
+    steps: int = spec(1000, ge=1)
+    batch_size: int = spec(32, ge=1)
+    lr: float = spec(2.0e-3, gt=0.0)
+    warmup_steps: int = spec(50, ge=0)
+    weight_decay: float = spec(0.0, ge=0.0)
+
+
+@dataclass
+class PosttrainConfig:
+    """TADM:Post-train on DiffusionGemma (paper: Sec. 4, App. C.1) and its Table 1."""
+
+    # "local": the small DiffusionGemma of `base`, trained by the pipeline (stage dg_base);
+    # otherwise a hub id or a local from_pretrained directory of DiffusionGemmaForBlockDiffusion
     base_model: str = "google/diffusiongemma-26B-A4B-it"
+    base: DiffusionGemmaSize = field(default_factory=DiffusionGemmaSize)
+    precision: Literal["fp32", "bf16"] = "bf16"  # of the frozen base (the fusion trains in fp32)
     shared_layers: int = spec(2, ge=1)
     anchor_layers: int = spec(20, ge=1)
     denoiser_layers: int = spec(8, ge=1)
     fusion_rank: int = spec(256, ge=1)
     gate_bias_init: float = -3.0
     steps: int = spec(18_750, ge=1)
+    batch_size: int = spec(1, ge=1)  # per device
     lr: float = spec(1.5e-4, gt=0.0)
     betas: list[float] = spec([0.95, 0.99], length=2, ge=0.0, lt=1.0)
     weight_decay: float = spec(1.0e-4, ge=0.0)
     warmup_steps: int = spec(100, ge=0)
     min_lr_ratio: float = spec(0.1, ge=0.0, le=1.0)
     grad_accum: int = spec(4, ge=1)
+    grad_clip: float = spec(1.0, gt=0.0)
     kd_weight: float = spec(1.0, ge=0.0)
     kd_temperature: float = spec(1.0, gt=0.0)
     self_cond_p: float = spec(0.5, ge=0.0, le=1.0)
     cache_age_probs: list[float] = spec([0.34, 0.33, 0.33], nonempty=True, ge=0.0, le=1.0)
+    max_context_tokens: int = spec(4096, ge=1)  # training: prompt + earlier canvases, last tokens kept
+    checkpoint_every: int = spec(1000, ge=1)
+    log_every: int = spec(50, ge=1)
+    # sampling (DiffusionGemma's entropy-bound sampler)
     sample_steps: int = spec(48, ge=1)
     canvas_length: int = spec(256, ge=1)
-    block_size: int = spec(256, ge=1)
     refresh_every: list[int] = spec([1, 2, 3], nonempty=True, ge=1)
     entropy_bound: float = spec(0.1, gt=0.0)
-    temperature: list[float] = spec([0.8, 0.4], length=2, gt=0.0)
+    temperature: list[float] = spec([0.8, 0.4], length=2, gt=0.0)  # t_max -> t_min
+    # Table 1
+    tasks: list[Literal["arithmetic", "gsm8k", "humaneval", "mmlu_pro", "gpqa_diamond", "aime", "livecodebench"]] = spec(
+        ["gsm8k", "humaneval", "gpqa_diamond", "mmlu_pro", "livecodebench", "aime"], nonempty=True)
+    task_sources: dict[str, str] = spec({})  # task -> hub id or local file (gsm8k: sft.gsm8k)
+    eval_examples: int = spec(0, ge=0)  # per task; 0 = all
+    eval_batch_size: int = spec(8, ge=1)
+    seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
+    throughput_repeats: int = spec(3, ge=1)
 
 
 @dataclass
@@ -237,6 +281,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in args) + " or null"
     if origin is list:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"a mapping to {_type_name(typing.get_args(tp)[1])}"
     if dataclasses.is_dataclass(tp):
         return f"a mapping ({tp.__name__})"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
@@ -265,6 +311,11 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
             raise bad()
         (inner,) = typing.get_args(tp)
         return [_convert(v, inner, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad()
+        _, inner = typing.get_args(tp)
+        return {str(k): _convert(v, inner, f"{key}.{k}", source) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad()
@@ -391,8 +442,10 @@ class _CROSS_CHECKS:
 
     @staticmethod
     def PosttrainConfig(c: PosttrainConfig, p: str, src: str) -> None:
-        if c.canvas_length % c.block_size:
-            raise ConfigError(f"{p}.canvas_length", f"must be a multiple of block_size ({c.block_size}), got {c.canvas_length}", src)
+        if c.base.top_k_experts > c.base.num_experts:
+            raise ConfigError(f"{p}.base.top_k_experts", f"must be <= num_experts ({c.base.num_experts}), got {c.base.top_k_experts}", src)
+        if c.base.num_attention_heads % c.base.num_key_value_heads:
+            raise ConfigError(f"{p}.base.num_key_value_heads", f"must divide num_attention_heads ({c.base.num_attention_heads})", src)
         if abs(sum(c.cache_age_probs) - 1.0) > 1e-6:
             raise ConfigError(f"{p}.cache_age_probs", f"must sum to 1, got {sum(c.cache_age_probs):g}", src)
 

@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from tadm.errors import DataError
+
 CHUNK = 1 << 20
 
 
@@ -104,3 +106,32 @@ def write_manifest(out_dir: str | Path, stage: str, counts: dict, params: dict |
     manifest = {"stage": stage, "counts": counts, "params": params or {}, "sha256": hashes}
     atomic_write_json(out_dir / "manifest.json", manifest)
     return manifest
+
+
+def load_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
+    """The rows of a JSON-lines file; each must be an object holding the `required` keys.
+
+    Blank lines are skipped. Raises DataError naming the file (and line) when the file is
+    missing, empty, not JSON, or a row lacks a required key.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            missing = [k for k in required if k not in row]
+            if missing:
+                raise DataError(f"{path}:{lineno}: missing field(s) {', '.join(map(repr, missing))}")
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: file holds no rows")
+    return rows

@@ -34,9 +34,23 @@ def test_paper_profile_carries_the_paper_settings():
     assert p.train.betas == [0.9, 0.999] and p.train.weight_decay == 0.0 and p.train.grad_clip == 1.0
     assert p.sample.steps == [2048, 4096] and p.sample.num_samples == 5000
     assert (p.posttrain.shared_layers, p.posttrain.anchor_layers, p.posttrain.denoiser_layers) == (2, 20, 8)
+    pt = p.posttrain
+    assert (pt.fusion_rank, pt.gate_bias_init, pt.steps, pt.batch_size, pt.grad_accum) == (256, -3.0, 18_750, 1, 4)
+    assert (pt.lr, pt.betas, pt.weight_decay, pt.warmup_steps, pt.min_lr_ratio) == (1.5e-4, [0.95, 0.99], 1e-4, 100, 0.1)
+    assert (pt.kd_weight, pt.kd_temperature, pt.self_cond_p, pt.cache_age_probs) == (1.0, 1.0, 0.5, [0.34, 0.33, 0.33])
+    assert (pt.sample_steps, pt.canvas_length, pt.entropy_bound, pt.temperature) == (48, 256, 0.1, [0.8, 0.4])
+    assert pt.refresh_every == [1, 2, 3] and pt.precision == "bf16" and pt.seeds == [0, 1, 2]
+    assert set(pt.tasks) == {"gsm8k", "humaneval", "gpqa_diamond", "mmlu_pro", "livecodebench", "aime"}
     assert sum(s.count for s in p.sft.hub_sources) == 300_000
     assert p.sft.canvases_per_example == 8
     assert (p.eval.featurizer, p.eval.evaluator, p.eval.reference_samples) == ("gpt2-large", "gpt2-large", 5000)
+
+
+def test_default_posttrain_keeps_the_paper_split_proportions():
+    pt = config.from_dict(config.render_profile("default")).posttrain
+    s, a, d = pt.shared_layers, pt.anchor_layers, pt.denoiser_layers
+    assert s * 10 == a and s * 4 == d  # 2 : 20 : 8
+    assert pt.base_model == "local" and pt.tasks == ["arithmetic"] and pt.sample_steps == 48
 
 
 def test_default_profile_keeps_the_paper_lm_head_balance():
@@ -82,6 +96,9 @@ BAD = [
     ("model.d_model", 130, ["model.d_model", "multiple of n_heads"]),
     ("train.betas", [0.9], ["train.betas", "exactly 2"]),
     ("posttrain.cache_age_probs", [0.5, 0.4], ["posttrain.cache_age_probs", "sum to 1"]),
+    ("posttrain.base.top_k_experts", 9, ["posttrain.base.top_k_experts", "num_experts"]),
+    ("posttrain.task_sources", {"aime": 3}, ["posttrain.task_sources.aime", "string"]),
+    ("posttrain.tasks", ["mmlu"], ["posttrain.tasks[0]"]),
     ("sample.refresh_every", [2], ["sample.refresh_every", "one K per sampling budget"]),
     ("train.ema", 1.0, ["train.ema", "< 1"]),
     ("tokenizer.vocab_size", 8192, ["tokenizer.vocab_size", "50257"]),  # with kind gpt2 below

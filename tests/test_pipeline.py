@@ -22,11 +22,15 @@ RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
 TRAIN_STAGES = DATA_STAGES + tuple(f"train@{r}" for r in RUNS)
 ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm")
-STAGES = TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
+POSTTRAIN_STAGES = ("dg_base", "dg_posttrain")
+STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
+          + POSTTRAIN_STAGES + ("table1",))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
-           "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md")
+           "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
+           "table1.md", "table1.csv")
 DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft")
-OUTS = DATA_OUTS + tuple(f"models/{r}" for r in RUNS) + tuple(f"checkpoints/{r}" for r in RUNS)
+MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm")
+OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain"))
 
 
 def _env() -> dict:
@@ -101,7 +105,7 @@ def test_repro_then_status_clean_and_second_repro_is_a_noop(repo):
         assert (repo / "metrics" / "train" / f"{r}.json").is_file()
     for f in FIGURES:
         assert (repo / "paper_figures" / f).stat().st_size > 0, f
-    for report in [f"sample_{r}" for r in ROWS] + ["refresh_sweep", "anchor_staleness", "paper_tables"]:
+    for report in [f"sample_{r}" for r in ROWS] + ["refresh_sweep", "anchor_staleness", "paper_tables", "table1"]:
         assert (repo / "reports" / f"{report}.ipynb").is_file(), report
 
 
@@ -137,15 +141,44 @@ def test_papermill_with_another_k_changes_the_report(repo, tmp_path):
     assert records[1]["policy"] != records[4]["policy"]
 
 
+def test_table1_has_the_base_and_every_k_with_numbers(repo):
+    import json
+
+    import pandas as pd
+
+    t1 = pd.read_csv(repo / "paper_figures" / "table1.csv")
+    assert list(t1.method) == ["Base", "TADM K=1", "TADM K=2", "TADM K=3"]
+    assert t1.accuracy.between(0, 100).all() and t1.tokens_per_s.gt(0).all() and t1.flop_bound_x.gt(0).all()
+    base, k1 = t1.iloc[0], t1.iloc[1]
+    assert base.compute_x == 1 and k1.compute_x == 1 and k1.accuracy == base.accuracy  # K = 1 is the base
+    assert t1.compute_x.iloc[2] < 1 and t1.compute_x.iloc[3] < t1.compute_x.iloc[2]
+    results = json.loads((repo / "results" / "table1.json").read_text())
+    assert results["split"] == [1, 2, 1]
+    record = json.loads((repo / "models" / "dg_tadm" / "fusion.json").read_text())
+    assert record["split"] == [1, 2, 1] and record["parameters"] == results["fusion_parameters"]
+
+
+def test_papermill_table1_with_another_k(repo, tmp_path):
+    import json
+
+    out = tmp_path / "t1.json"
+    run([sys.executable, "-m", "papermill", "--no-progress-bar", "notebooks/table1.ipynb", str(tmp_path / "t1.ipynb"),
+         "-p", "K", "4", "-p", "results_path", str(out), "-p", "out_dir", str(tmp_path / "fig"),
+         "-p", "metrics_path", str(tmp_path / "m.json")], repo)
+    methods = json.loads(out.read_text())["tasks"]["arithmetic"]["methods"]
+    assert list(methods) == ["Base", "TADM K=4"]
+    assert methods["TADM K=4"]["refresh_every"] == 4
+
+
 def test_from_scratch_twice_gives_identical_bytes(repo):
     """Data stages byte for byte, and the trained weights (training is deterministic; the
     checkpoints' state.json also records wall-clock throughput, so it differs)."""
-    stable = DATA_OUTS + tuple(f"models/{r}" for r in RUNS)
+    stable = DATA_OUTS + MODELS
     first = tree_hashes(repo, stable)
     assert len(first) >= 20
     wipe(repo)
-    log = dvc("repro", "--no-run-cache", *TRAIN_STAGES, cwd=repo)
-    for stage in TRAIN_STAGES:
+    log = dvc("repro", "--no-run-cache", *TRAIN_STAGES, *POSTTRAIN_STAGES, cwd=repo)
+    for stage in TRAIN_STAGES + POSTTRAIN_STAGES:
         assert f"Running stage '{stage}'" in log, log
     assert tree_hashes(repo, stable) == first
 

@@ -67,10 +67,10 @@ def _solve_chain(nums: list[int], ops: list[str]) -> tuple[int, list[str]]:
     return value, lines
 
 
-def _example(rng: random.Random, max_operand: int) -> tuple[str, list[str], int]:
-    """Draw one problem; return (prompt, working lines, answer)."""
-    n_ops = rng.randint(1, 3)
-    ops = [rng.choice(OPS) for _ in range(n_ops)]
+def _example(rng: random.Random, max_operand: int, max_ops: int = 3, op_set: tuple[str, ...] = OPS) -> tuple[str, list[str], int]:
+    """Draw one problem with 1..max_ops operations from `op_set`; return (prompt, working lines, answer)."""
+    n_ops = rng.randint(1, max_ops)
+    ops = [rng.choice(op_set) for _ in range(n_ops)]
     nums = [rng.randint(1, max_operand) for _ in range(n_ops + 1)]
     if rng.random() < 0.5:
         expr = " ".join([str(nums[0])] + [f"{op} {n}" for op, n in zip(ops, nums[1:])])
@@ -86,14 +86,17 @@ def _example(rng: random.Random, max_operand: int) -> tuple[str, list[str], int]
     return prompt, lines, answer
 
 
-def generate(n: int, max_operand: int, seed: int) -> list[dict]:
-    """`n` arithmetic examples with operands in [1, max_operand], deterministic under `seed`."""
-    if n < 0 or max_operand < 1:
-        raise ValueError(f"need n >= 0 and max_operand >= 1, got n={n}, max_operand={max_operand}")
+def generate(n: int, max_operand: int, seed: int, max_ops: int = 3, ops: tuple[str, ...] | list[str] = OPS) -> list[dict]:
+    """`n` arithmetic examples with operands in [1, max_operand] and 1..max_ops operations
+    drawn from `ops` (a subset of + - *), deterministic under `seed`."""
+    if n < 0 or max_operand < 1 or max_ops < 1:
+        raise ValueError(f"need n >= 0, max_operand >= 1 and max_ops >= 1, got n={n}, max_operand={max_operand}, max_ops={max_ops}")
+    if not ops or set(ops) - set(OPS):
+        raise ValueError(f"ops must be a non-empty subset of {OPS}, got {ops!r}")
     rng = random.Random(seed)
     examples = []
     for i in range(n):
-        prompt, lines, answer = _example(rng, max_operand)
+        prompt, lines, answer = _example(rng, max_operand, max_ops, tuple(ops))
         examples.append({
             "id": f"arith-{i}",
             "source": "arithmetic",

@@ -8,11 +8,11 @@ is the full worked solution ending in ``#### <final>``; scoring extracts the fin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tadm.data.arithmetic import extract_answer, is_correct
 from tadm.errors import DataError
+from tadm.io import load_jsonl
 
 HUB_NAME = "openai/gsm8k"
 HUB_CONFIG = "main"
@@ -36,22 +36,12 @@ def _read_local(directory: Path, split: str) -> list[dict]:
     path = directory / f"{split}.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: GSM8K split file not found (sft.gsm8k must be 'hub' or a directory with {split}.jsonl)")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "answer")):
-                raise DataError(f"{path}:{lineno}: expected string fields 'question' and 'answer'")
-            if "####" not in row["answer"]:
-                raise DataError(f"{path}:{lineno}: answer has no '#### <final>' line")
-            rows.append(row)
-    if not rows:
-        raise DataError(f"{path}: file holds no rows")
+    rows = load_jsonl(path, ("question", "answer"))
+    for i, row in enumerate(rows, 1):
+        if not all(isinstance(row[k], str) for k in ("question", "answer")):
+            raise DataError(f"{path}: row {i}: expected string fields 'question' and 'answer'")
+        if "####" not in row["answer"]:
+            raise DataError(f"{path}: row {i}: answer has no '#### <final>' line")
     return rows
 
 

@@ -108,7 +108,8 @@ def offline_examples(cfg: SftConfig, seed: int) -> list[dict]:
         examples += _humaneval_examples()
     if cfg.champ:
         examples += _champ_examples()
-    examples += arithmetic.generate(cfg.arithmetic_examples, cfg.arithmetic_max_operand, seed)
+    examples += arithmetic.generate(cfg.arithmetic_examples, cfg.arithmetic_max_operand, seed, cfg.arithmetic_max_ops,
+                                       cfg.arithmetic_ops)
     return examples
 
 

@@ -95,3 +95,13 @@ def test_is_correct_normalizes_reference():
     assert is_correct("#### 1234", "1,234")
     assert is_correct("the total is 7", 7)
     assert not is_correct("no answer", "7")
+
+
+def test_operation_subset_and_count_are_respected():
+    examples = generate(200, 9, seed=3, max_ops=1, ops=["+"])
+    for e in examples:
+        a, op, b = e["response"].splitlines()[0].split(" = ")[0].split()
+        assert op == "+" and 1 <= int(a) <= 9 and 1 <= int(b) <= 9
+        assert int(e["answer"]) == int(a) + int(b)
+    with pytest.raises(ValueError, match="subset"):
+        generate(1, 9, seed=0, ops=["/"])

@@ -66,8 +66,9 @@ def test_missing_directory_raises_data_error(tmp_path):
 
 @pytest.mark.parametrize("content, problem", [
     ('{"question": "q", "answer": "a #### 1"}\nnot json\n', ":2: not valid JSON"),
-    ('{"question": "q"}\n', ":1: expected string fields"),
-    ('{"question": "q", "answer": "no final"}\n', ":1: answer has no"),
+    ('{"question": "q"}\n', ":1: missing field(s) 'answer'"),
+    ('{"question": "q", "answer": 3}\n', "row 1: expected string fields"),
+    ('{"question": "q", "answer": "no final"}\n', "row 1: answer has no"),
     ("\n", "holds no rows"),
 ])
 def test_malformed_file_raises_data_error(tmp_path, content, problem):

@@ -1,0 +1,138 @@
+"""Training objectives: the base's uniform-state block diffusion, and TADM:Post-train's fusion loss.
+
+Base (default profile only; the paper starts from the released DiffusionGemma):
+  z_t replaces each canvas token by a uniformly random token with probability t (the noise
+  DiffusionGemma's sampler starts from and re-noises with); the loss is the cross-entropy of
+  the clean canvas at every position. Self-conditioning as in training DiffusionGemma: with
+  probability p a first, gradient-free pass supplies the self-conditioning logits.
+
+Post-train (App. C.1): states are reached on-policy. From z_t the frozen model refreshes the
+anchor (C0, H0); then k ~ cache_age_probs steps of DiffusionGemma's entropy-bound sampler run
+under the cache policy (anchor reused, current fusion, no gradient), feeding each step's
+tempered logits back as self-conditioning. At the resulting state z the fusion's prediction
+D(Phi(S(z); C0, H0)) is trained with
+
+    CE(clean canvas) + lambda * tau^2 * KL(teacher_tau || student_tau),
+
+the teacher being the frozen model with a fresh anchor, D(A(S(z))). At k = 0 the fusion
+returns H0 exactly (c = C0), so that part of the batch only anchors the loss value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn import functional as F
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+    EntropyBoundSampler,
+    EntropyBoundSamplerConfig,
+    LinearTemperatureScheduleLogitsProcessor,
+)
+
+from tadm.posttrain.backbone import SplitDiffusionGemma
+from tadm.posttrain.data import CanvasBatch
+
+
+def antithetic_times(n: int, gen: torch.Generator, device=None, eps: float = 1e-3) -> torch.Tensor:
+    """n times in (eps, 1): one uniform offset, evenly spread (low-variance, MDLM-style)."""
+    u = torch.rand((), generator=gen, device=device)
+    t = (torch.arange(n, device=device) + u) / n
+    return eps + (1 - eps) * t
+
+
+def uniform_noise(x: torch.Tensor, t: torch.Tensor, vocab_size: int, gen: torch.Generator) -> torch.Tensor:
+    """Replace each token by a uniform random one with probability t (per row)."""
+    replace = torch.rand(x.shape, generator=gen, device=x.device) < t[:, None]
+    noise = torch.randint(0, vocab_size, x.shape, generator=gen, device=x.device)
+    return torch.where(replace, noise, x)
+
+
+def decoder_logits(model, batch: CanvasBatch, z: torch.Tensor, sc_logits=None, sc_mask=None) -> torch.Tensor:
+    """Logits of ``DiffusionGemmaForBlockDiffusion`` on canvas z given the batch's contexts."""
+    return model(input_ids=batch.context, attention_mask=batch.context_mask, decoder_input_ids=z,
+                 decoder_attention_mask=batch.decoder_mask, self_conditioning_logits=sc_logits,
+                 self_conditioning_mask=sc_mask).logits
+
+
+def base_loss(model, batch: CanvasBatch, gen: torch.Generator, self_cond_p: float) -> torch.Tensor:
+    """Mean cross-entropy of the clean canvas from its uniform-noised version."""
+    vocab = model.config.text_config.vocab_size
+    t = antithetic_times(len(batch.target), gen, batch.target.device)
+    z = uniform_noise(batch.target, t, vocab, gen)
+    use_sc = torch.rand(len(z), generator=gen, device=z.device) < self_cond_p
+    sc = None
+    if use_sc.any():
+        with torch.no_grad():
+            sc = decoder_logits(model, batch, z).detach()
+    logits = decoder_logits(model, batch, z, sc, use_sc if sc is not None else None)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.target.flatten())
+
+
+# ----------------------------------------------------------------------------- post-train
+
+
+class Rollout:
+    """DiffusionGemma's sampler step (the library's acceptance rule and temperature schedule),
+    with its random draws from a generator so that training is reproducible."""
+
+    def __init__(self, steps: int, entropy_bound: float, temperature: tuple[float, float], canvas: int, vocab: int):
+        self.steps, self.vocab = steps, vocab
+        self.sampler = EntropyBoundSampler(EntropyBoundSamplerConfig(float(entropy_bound)), canvas, vocab, steps)
+        t_max, t_min = temperature
+        self.temperature = LinearTemperatureScheduleLogitsProcessor(t_min, t_max, steps)
+
+    def cur_step(self, t: float) -> int:
+        """The sampler's step (N..1, steps remaining) whose canvas is about as noisy as t."""
+        return max(1, min(self.steps, math.ceil(t * self.steps)))
+
+    def tempered(self, logits: torch.Tensor, cur_step: int) -> torch.Tensor:
+        return self.temperature(None, logits, cur_step)
+
+    def step(self, z: torch.Tensor, tempered: torch.Tensor, cur_step: int, gen: torch.Generator) -> torch.Tensor:
+        probs = torch.softmax(tempered, dim=-1, dtype=torch.float32)
+        draw = torch.multinomial(probs.flatten(0, 1), 1, generator=gen).view(z.shape)
+        accepted = self.sampler.accept_canvas(z, draw, tempered, cur_step)
+        noise = torch.randint(0, self.vocab, z.shape, generator=gen, device=z.device)
+        return torch.where(self.sampler.accepted_token_mask, accepted, noise)
+
+
+def draw_cache_age(probs: list[float], gen: torch.Generator) -> int:
+    return int(torch.multinomial(torch.tensor(probs, dtype=torch.float64), 1, generator=gen))
+
+
+def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: torch.Generator, cfg,
+                   rollout: Rollout) -> tuple[torch.Tensor, dict]:
+    """CE + KD of the fused prediction at an on-policy state with a k-step-old anchor.
+
+    `fusion` may be DDP-wrapped; `cfg` is the posttrain config section.
+    """
+    base, vocab = split.base, split.text_config.vocab_size
+    with torch.no_grad():
+        cache = base.model.encoder(input_ids=batch.context, attention_mask=batch.context_mask).cache
+        mask = batch.decoder_mask
+        t = antithetic_times(len(batch.target), gen, batch.target.device)
+        z = uniform_noise(batch.target, t, vocab, gen)
+        step = rollout.cur_step(float(t.mean()))
+        sc = None
+        if float(torch.rand((), generator=gen)) < cfg.self_cond_p:
+            sc = rollout.tempered(split(z, cache, None, decoder_attention_mask=mask), step)
+        inputs = split.prepare(z, cache, mask)
+        c0 = split.shared(z, inputs, sc)
+        h0 = split.anchor(c0, inputs)
+        k = draw_cache_age(cfg.cache_age_probs, gen)
+        logits, c = split.denoise(h0, inputs), c0
+        for j in range(k):  # the sampler under the cache policy, stop-gradient
+            sc = rollout.tempered(logits, step)
+            z = rollout.step(z, sc, step, gen)
+            step = max(1, step - 1)
+            c = split.shared(z, inputs, sc)
+            if j < k - 1:
+                logits = split.denoise(fusion(c, c0, h0), inputs)
+        teacher = split.denoise(split.anchor(c, inputs), inputs) if k else logits
+    student = split.denoise(fusion(c, c0, h0), inputs)
+    tau = cfg.kd_temperature
+    ce = F.cross_entropy(student.flatten(0, 1), batch.target.flatten())
+    kd = F.kl_div(F.log_softmax(student / tau, -1).flatten(0, 1), F.log_softmax(teacher / tau, -1).flatten(0, 1),
+                  log_target=True, reduction="batchmean") * tau**2
+    return ce + cfg.kd_weight * kd, {"ce": float(ce.detach()), "kd": float(kd.detach()), "age": k}

@@ -1,0 +1,330 @@
+"""Table 1: the frozen DiffusionGemma against TADM:Post-train at K = 1, 2, 3.
+
+For every task of ``posttrain.tasks`` and every seed of ``posttrain.seeds``, each method
+generates with DiffusionGemma's entropy-bound sampler (``generate`` of transformers for the
+base; the same loop with the anchor refreshed every K steps for TADM) and is scored:
+
+    accuracy (mean over seeds, in %), delta in points vs the base,
+    tokens/s end to end (prompt encoding + every denoising step + decoding of the canvases;
+             all generated canvas positions counted; methods interleaved, median of
+             ``throughput_repeats`` rounds on the same batch),
+    throughput x = tokens/s over the base's,
+    compute x    = decoder-layer calls over the base's (the paper's unit), counted by hooks on the
+                   decoder layers during the scored generations,
+    FLOP bound x = the base's FLOPs over the method's, counted by ``torch.utils.flop_counter``
+                   during a whole ``generate`` call (encoder prefill, every decoder layer,
+                   self-conditioning, fusion, LM head), and measured / bound;
+    decoder      = the same two ratios for the per-step decoder calls alone (what TADM changes),
+                   beside the decoder's share of the wall time: the rest -- the sampler's
+                   categorical draw over the vocabulary, entropy, sort -- has no FLOPs the
+                   counter sees, costs every method the same, and so dilutes the end-to-end ratio.
+
+``run`` writes ``results/table1.json``; ``frame`` and ``to_markdown`` make the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from tqdm import tqdm
+
+from tadm.config import Params
+from tadm.data import arithmetic
+from tadm.errors import DataError
+from tadm.io import atomic_write_json
+from tadm.posttrain import model as dgm
+from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma, sampling_kwargs
+from tadm.posttrain.data import arithmetic_eval_set, left_pad
+
+# max_new_tokens per task in the paper (Sec. 6); arithmetic: one canvas
+PAPER_LENGTHS = {"gsm8k": 1024, "humaneval": 1024, "gpqa_diamond": 2048, "mmlu_pro": 2048,
+                 "livecodebench": 2000, "aime": 4096}
+
+
+def _cpu_attention_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+# torch's counter knows the CUDA attention kernels but not the CPU one; count it the same way
+_EXTRA_FLOP_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops}
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Floating-point operations of `fn()` (matmuls and attention), as torch counts them."""
+    with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+@dataclass
+class Task:
+    name: str
+    prompts: list[str]
+    score: Callable[[int, str], bool]  # (example index, completion) -> correct
+    max_new_tokens: int
+
+
+def arithmetic_task(sft_dir: Path, limit: int, canvas_length: int) -> Task:
+    rows = arithmetic_eval_set(sft_dir, limit)
+    return Task("arithmetic", [r["prompt"] for r in rows],
+                lambda i, text: arithmetic.is_correct(text, rows[i]["answer"]), canvas_length)
+
+
+def load_task(name: str, p: Params, sft_dir: Path) -> Task:
+    """A Table 1 task: its prompts, its scorer and its generation length."""
+    pt = p.posttrain
+    if name == "arithmetic":
+        return arithmetic_task(sft_dir, pt.eval_examples, pt.canvas_length)
+    from tadm.tasks.suite import build_task  # the paper's benchmarks (hub or local files)
+
+    source = pt.task_sources.get(name) or (p.sft.gsm8k if name == "gsm8k" else None)
+    prompts, score = build_task(name, source, limit=pt.eval_examples)
+    return Task(name, prompts, score, PAPER_LENGTHS[name])
+
+
+class DecoderLayerCalls:
+    """Counts calls of the base's canvas-decoder layers (the paper's compute unit) with forward
+    hooks, whichever path -- transformers' decoder or the S / A / D split -- makes them."""
+
+    def __init__(self, base):
+        self.calls = 0
+        self._hooks = [layer.register_forward_hook(self._hook) for layer in base.model.decoder.layers]
+
+    def _hook(self, *_):
+        self.calls += 1
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+class DecoderProbe:
+    """Time (and optionally FLOPs) spent in the per-step decoder calls of ``generate``.
+
+    ``generate`` calls ``self.forward`` of the model once per denoising step; the probe shadows
+    that attribute with a timed wrapper for the duration of a ``with`` block.
+    """
+
+    def __init__(self, owner, count_flops: bool = False):
+        self.owner, self.count_flops = owner, count_flops
+        self.seconds, self.flops = 0.0, 0
+
+    def __enter__(self) -> "DecoderProbe":
+        inner = self.owner.forward
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            if self.count_flops:
+                with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
+                    out = inner(*args, **kwargs)
+                self.flops += counter.get_total_flops()
+            else:
+                out = inner(*args, **kwargs)
+            self.seconds += time.perf_counter() - t0
+            return out
+
+        self.owner.forward = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.owner.forward  # the class's forward again
+
+
+class Method:
+    """One row of Table 1: the base (refresh_every None) or TADM with K."""
+
+    def __init__(self, label: str, base, tadm: TimeAnchoredDiffusionGemma, refresh_every: int | None):
+        self.label, self.base, self.tadm, self.k = label, base, tadm, refresh_every
+
+    @property
+    def decoder_owner(self):
+        """The object whose ``forward`` generate calls once per denoising step."""
+        return self.base if self.k is None else self.tadm
+
+    def generate(self, ids, mask, **kw):
+        if self.k is None:
+            return self.base.generate(ids, attention_mask=mask, **kw)
+        return self.tadm.generate(ids, attention_mask=mask, refresh_every=self.k, **kw)
+
+    def layer_calls_per_step(self, steps: int) -> float:
+        s, a, d = self.tadm.split.split
+        if self.k is None:
+            return float(s + a + d)
+        return (s + d) + a * (-(-steps // self.k)) / steps
+
+
+class Runner:
+    def __init__(self, p: Params, tokenizer, methods: list[Method], device):
+        self.p, self.tok, self.methods, self.device = p, tokenizer, methods, device
+        pt = p.posttrain
+        self.eos = tokenizer.eos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+
+    def kwargs(self, max_new_tokens: int) -> dict:
+        pt = self.p.posttrain
+        return sampling_kwargs(pt.sample_steps, pt.entropy_bound, tuple(pt.temperature), max_new_tokens, self.eos, self.pad)
+
+    def encode(self, prompts: list[str]):
+        ids = self.tok(list(prompts), add_special_tokens=False)["input_ids"]
+        x, m = left_pad(ids, self.pad)
+        return x.to(self.device), m.to(self.device)
+
+    def decode(self, sequences: torch.Tensor, prompt_len: int) -> list[str]:
+        texts = []
+        for row in sequences[:, prompt_len:].tolist():
+            if self.eos in row:
+                row = row[: row.index(self.eos)]
+            texts.append(self.tok.decode(row, skip_special_tokens=True))
+        return texts
+
+    @torch.no_grad()
+    def completions(self, method: Method, prompts: list[str], max_new_tokens: int, seed: int) -> list[str]:
+        out, bs = [], self.p.posttrain.eval_batch_size
+        for lo in range(0, len(prompts), bs):
+            ids, mask = self.encode(prompts[lo: lo + bs])
+            torch.manual_seed(seed * 1_000_003 + lo)
+            seqs = method.generate(ids, mask, **self.kwargs(max_new_tokens)).sequences
+            out += self.decode(seqs, ids.shape[1])
+        return out
+
+    def accuracy(self, method: Method, task: Task, seed: int) -> tuple[float, list[str], int]:
+        """Accuracy in %, the completions, and the decoder-layer calls the generation made."""
+        counter = DecoderLayerCalls(method.base)
+        try:
+            texts = self.completions(method, task.prompts, task.max_new_tokens, seed)
+        finally:
+            counter.close()
+        correct = [task.score(i, t) for i, t in enumerate(texts)]
+        return 100.0 * sum(correct) / len(correct), texts, counter.calls
+
+    @torch.no_grad()
+    def speed(self, task: Task) -> dict[str, dict]:
+        """Per method on one batch: FLOPs of a whole ``generate`` and of its decoder calls, then
+        wall time of ``generate`` and of its decoder calls (interleaved rounds, medians)."""
+        bs = self.p.posttrain.eval_batch_size
+        ids, mask = self.encode(task.prompts[:bs])
+        kw = self.kwargs(task.max_new_tokens)
+        canvas = self.p.posttrain.canvas_length
+        generated = ids.shape[0] * (-(-task.max_new_tokens // canvas)) * canvas
+        out = {m.label: {"seconds": [], "decoder_seconds": []} for m in self.methods}
+        for m in self.methods:  # FLOPs (also the warm-up; not timed)
+            torch.manual_seed(0)
+            with DecoderProbe(m.decoder_owner, count_flops=True) as probe:
+                out[m.label]["flops"] = count_flops(lambda: m.generate(ids, mask, **kw))
+            out[m.label]["decoder_flops"] = probe.flops
+        for r in range(self.p.posttrain.throughput_repeats):
+            for m in self.methods:
+                torch.manual_seed(r)
+                with DecoderProbe(m.decoder_owner) as probe:
+                    t0 = time.perf_counter()
+                    m.generate(ids, mask, **kw)
+                    out[m.label]["seconds"].append(time.perf_counter() - t0)
+                out[m.label]["decoder_seconds"].append(probe.seconds)
+        for m in self.methods:
+            o = out[m.label]
+            o["tokens_per_s"] = generated / statistics.median(o["seconds"])
+        return out
+
+
+def build_methods(p: Params, root: Path = Path("."), device="cpu") -> tuple[list[Method], object]:
+    """The base and TADM at every K of posttrain.refresh_every (trained fusion loaded)."""
+    from tadm.data.tokenizer import load_tokenizer
+
+    source = dgm.base_source(p, root)
+    base = dgm.load_base(source, p.posttrain.precision, device)
+    tadm = dgm.build_tadm(base, p)
+    dgm.load_fusion(tadm, root / dgm.TADM_DIR)
+    tadm.fusion.to(dtype=base.dtype).eval()
+    methods = [Method("Base", base, tadm, None)] + [Method(f"TADM K={k}", base, tadm, k) for k in p.posttrain.refresh_every]
+    return methods, load_tokenizer(source)
+
+
+def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out: Path | None = None,
+        log=print) -> dict:
+    """Score every method on every task and seed; measure speed; write results/table1.json."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    methods, tok = build_methods(p, root, device)
+    runner = Runner(p, tok, methods, device)
+    pt = p.posttrain
+    results = {"steps": pt.sample_steps, "split": list(methods[0].tadm.split.split),
+               "fusion_parameters": methods[0].tadm.fusion.num_parameters, "tasks": {}}
+    for name in pt.tasks:
+        task = load_task(name, p, sft_dir)
+        if not task.prompts:
+            raise DataError(f"task {name}: no evaluation examples")
+        rows = {}
+        bar = tqdm(total=len(methods) * len(pt.seeds), desc=f"table1[{name}]", unit="run")
+        for m in methods:
+            accs, samples, calls = [], [], 0
+            for seed in pt.seeds:
+                acc, texts, n = runner.accuracy(m, task, seed)
+                accs.append(acc)
+                samples.append(texts[:5])
+                calls += n
+                bar.update()
+            rows[m.label] = {"accuracy": statistics.mean(accs), "accuracy_seeds": accs,
+                             "accuracy_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                             "refresh_every": m.k, "layer_calls": calls,
+                             "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps),
+                             "examples": samples[0]}
+        bar.close()
+        for label, speed in runner.speed(task).items():
+            rows[label].update(speed)
+        results["tasks"][name] = {"n": len(task.prompts), "methods": rows}
+        log(f"table1[{name}]: " + ", ".join(f"{k} {v['accuracy']:.1f}%" for k, v in rows.items()))
+    atomic_write_json(out or root / "results" / "table1.json", results)
+    return results
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def frame(results: dict):
+    """Table 1 as a pandas frame: one line per (task, method)."""
+    import pandas as pd
+
+    lines = []
+    for task, r in results["tasks"].items():
+        base = r["methods"]["Base"]
+        for label, m in r["methods"].items():
+            speedup = m["tokens_per_s"] / base["tokens_per_s"]
+            bound = base["flops"] / m["flops"]
+            dec_speedup = statistics.median(base["decoder_seconds"]) / statistics.median(m["decoder_seconds"])
+            dec_bound = base["decoder_flops"] / m["decoder_flops"]
+            lines.append({"task": task, "method": label, "accuracy": m["accuracy"], "sd": m["accuracy_sd"],
+                          "delta_pts": m["accuracy"] - base["accuracy"], "tokens_per_s": m["tokens_per_s"],
+                          "throughput_x": speedup,
+                          "compute_x": m["layer_calls"] / base["layer_calls"],
+                          "flop_bound_x": bound, "measured_over_bound": speedup / bound,
+                          "decoder_share": statistics.median(m["decoder_seconds"]) / statistics.median(m["seconds"]),
+                          "decoder_speedup_x": dec_speedup, "decoder_bound_x": dec_bound,
+                          "decoder_measured_over_bound": dec_speedup / dec_bound})
+    return pd.DataFrame(lines)
+
+
+def to_markdown(df) -> str:
+    head = ("| Task | Method | Accuracy (%) | Δ (pts) | Tokens/s | Throughput | Compute | FLOP bound | measured/bound "
+            "| decoder share of time | decoder speed-up | decoder FLOP bound | measured/bound |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    body = "".join(
+        f"| {r.task} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {r.delta_pts:+.1f} | {r.tokens_per_s:,.0f} | "
+        f"{r.throughput_x:.2f}x | {r.compute_x:.2f}x | {r.flop_bound_x:.2f}x | {r.measured_over_bound:.2f} | "
+        f"{r.decoder_share:.0%} | {r.decoder_speedup_x:.2f}x | {r.decoder_bound_x:.2f}x | {r.decoder_measured_over_bound:.2f} |\n"
+        for r in df.itertuples())
+    return head + body
+
+
+def metrics_dict(df) -> dict:
+    out = {}
+    for r in df.itertuples():
+        key = f"{r.task}_{r.method.replace(' ', '').replace('=', '')}"
+        out.update({f"{key}_accuracy": round(r.accuracy, 3), f"{key}_throughput_x": round(r.throughput_x, 4),
+                    f"{key}_compute_x": round(r.compute_x, 4), f"{key}_measured_over_bound": round(r.measured_over_bound, 4),
+                    f"{key}_decoder_measured_over_bound": round(r.decoder_measured_over_bound, 4)})
+    return out

@@ -1,0 +1,36 @@
+"""Task evaluation for the post-training table (paper Table 1).
+
+One module per benchmark, each giving prompt construction, answer extraction and scoring;
+the model side is a ``generate(prompts: list[str]) -> list[str]`` function supplied elsewhere.
+
+* :mod:`~tadm.tasks.gsm8k` -- GSM8K, 5-shot (re-exports :mod:`tadm.data.gsm8k`).
+* :mod:`~tadm.tasks.multiple_choice` -- MMLU-Pro (5-shot CoT) and GPQA-Diamond (0-shot CoT).
+* :mod:`~tadm.tasks.aime` -- AIME, integer answers in ``\\boxed{}``.
+* :mod:`~tadm.tasks.humaneval` -- HumanEval, 0-shot completion, pass@k by execution.
+* :mod:`~tadm.tasks.livecodebench` -- LiveCodeBench, programs run on stdin/functional tests.
+* :mod:`~tadm.tasks.sandbox` -- the limited child process that runs generated code.
+
+``BENCHMARKS`` maps each benchmark name to the module that implements it; modules are imported
+on first use, and none imports ``datasets`` until a hub source is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+BENCHMARKS = {
+    "gsm8k": "tadm.tasks.gsm8k",
+    "mmlu_pro": "tadm.tasks.multiple_choice",
+    "gpqa_diamond": "tadm.tasks.multiple_choice",
+    "aime": "tadm.tasks.aime",
+    "humaneval": "tadm.tasks.humaneval",
+    "livecodebench": "tadm.tasks.livecodebench",
+}
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """The module implementing benchmark `name` (a key of BENCHMARKS)."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return importlib.import_module(BENCHMARKS[name])

@@ -1,0 +1,195 @@
+"""LiveCodeBench code generation: contest problems scored by running the program on tests.
+
+Rows have the hub's fields (``livecodebench/code_generation_lite``): ``question_content``,
+``starter_code``, ``public_test_cases`` and ``private_test_cases`` -- each a list (or its JSON
+text) of {"input", "output", "testtype"} -- and optionally ``metadata`` (JSON with
+``func_name``). The hub stores private tests compressed (base64 of zlib of a pickled JSON
+string); they are decoded with an unpickler that refuses every object but plain data.
+
+Two kinds of tests:
+
+* ``stdin`` (AtCoder/Codeforces style): the program reads the input on stdin; its output,
+  stripped, must equal the expected output line by line (each line stripped).
+* ``functional`` (LeetCode style): ``Solution().<method>(*args)``, the arguments being the
+  input's newline-separated JSON values; the result must equal the expected JSON value.
+
+A problem is solved when every test passes; scoring stops at the first failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+import re
+import zlib
+from pathlib import Path
+
+from tadm.errors import DataError
+from tadm.tasks.common import load_hub, read_jsonl
+from tadm.tasks.sandbox import run_python
+
+HUB_NAME = "livecodebench/code_generation_lite"
+TIMEOUT_S = 6.0  # per test
+
+# Imports LeetCode-style code takes for granted (List, defaultdict, heapq ...).
+FUNCTIONAL_HEADER = (
+    "from typing import *\nfrom collections import *\nfrom functools import *\nfrom itertools import *\n"
+    "import bisect, heapq, math, string\n"
+)
+
+__all__ = ["load_livecodebench", "tests", "prompt", "extract_code", "score"]
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Unpickles strings, numbers, lists and dicts only: any class or function is refused."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from test data")
+
+
+def _decode_tests(value, where: str) -> list[dict]:
+    """A test list from a list, its JSON text, or the hub's compressed private-test encoding."""
+    if isinstance(value, list):
+        cases = value
+    elif isinstance(value, str):
+        try:
+            if not value.strip() or value.lstrip().startswith("["):
+                cases = json.loads(value) if value.strip() else []
+            else:
+                packed = zlib.decompress(base64.b64decode(value))
+                cases = json.loads(_PlainDataUnpickler(io.BytesIO(packed)).load())
+        except (ValueError, TypeError, zlib.error, pickle.UnpicklingError, EOFError) as e:
+            raise DataError(f"{where}: test cases are neither JSON nor the hub's compressed form ({e})") from None
+        if not isinstance(cases, list):
+            raise DataError(f"{where}: test cases must decode to a list, got {type(cases).__name__}")
+    else:
+        raise DataError(f"{where}: test cases must be a list or a string, got {type(value).__name__}")
+    for case in cases:
+        if not (isinstance(case, dict) and isinstance(case.get("input"), str) and isinstance(case.get("output"), str)
+                and case.get("testtype") in ("stdin", "functional")):
+            raise DataError(f"{where}: each test needs string 'input' and 'output' and testtype 'stdin' or 'functional'")
+    return cases
+
+
+def tests(row: dict, *, private: bool = True) -> list[dict]:
+    """The row's test cases: public ones, then (if `private`) private ones."""
+    where = f"LiveCodeBench {row.get('question_id', '?')}"
+    cases = _decode_tests(row.get("public_test_cases") or [], where + " public_test_cases")
+    if private:
+        cases = cases + _decode_tests(row.get("private_test_cases") or [], where + " private_test_cases")
+    return cases
+
+
+def load_livecodebench(source: str) -> list[dict]:
+    """Problems from `source`: "hub" (``HUB_NAME``, split "test") or a local jsonl file.
+
+    Rows keep the hub's fields; each is checked to have a question and at least one test.
+    """
+    if source == "hub":
+        rows, where = load_hub(HUB_NAME, None, "test"), HUB_NAME
+    else:
+        rows, where = read_jsonl(source, ("question_content",)), str(Path(source).expanduser())
+    for i, row in enumerate(rows):
+        row.setdefault("question_id", f"lcb-{i}")
+        row.setdefault("starter_code", "")
+        if not isinstance(row["question_content"], str) or not isinstance(row["starter_code"], str):
+            raise DataError(f"{where}: row {i + 1}: 'question_content' and 'starter_code' must be strings")
+        if not tests(row):
+            raise DataError(f"{where}: row {i + 1}: no test cases")
+    return rows
+
+
+# --- prompt and code -----------------------------------------------------------------------
+
+
+def prompt(row: dict) -> str:
+    """The 0-shot prompt: the problem, how the solution is run, and the code-block format."""
+    parts = [
+        "Write a Python program that solves the following problem and passes all its tests.\n\n",
+        f"Problem:\n{row['question_content'].strip()}\n\n",
+    ]
+    if row.get("starter_code", "").strip():
+        parts.append(
+            "Complete the following starter code and give the whole solution in one Python code block:\n"
+            f"```python\n{row['starter_code'].rstrip()}\n```\n\n"
+        )
+    else:
+        parts.append(
+            "Read the input from standard input and write the answer to standard output. "
+            "Give the whole program in one Python code block:\n```python\n# your code here\n```\n\n"
+        )
+    parts.append("Answer:\n")
+    return "".join(parts)
+
+
+_OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n", re.IGNORECASE)
+
+
+def extract_code(text: str) -> str:
+    """The code in the last ```python fenced block of `text` (to the end of the text if that
+    block was cut off before its closing fence); the whole text if there is no such block."""
+    opening = None
+    for opening in _OPEN_FENCE.finditer(text):
+        pass
+    if opening is None:
+        return text
+    body = text[opening.end() :]
+    end = body.find("```")
+    return body if end < 0 else body[:end]
+
+
+def _method_name(row: dict) -> str:
+    metadata = row.get("metadata") or {}
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata) if metadata.strip() else {}
+        except json.JSONDecodeError:
+            raise DataError(f"LiveCodeBench {row.get('question_id', '?')}: 'metadata' is not valid JSON") from None
+    if metadata.get("func_name"):
+        return metadata["func_name"]
+    match = re.search(r"def\s+(\w+)\s*\(\s*self", row.get("starter_code", ""))
+    if not match:
+        raise DataError(f"LiveCodeBench {row.get('question_id', '?')}: functional tests but no method name "
+                        "in 'metadata' (func_name) or 'starter_code'")
+    return match.group(1)
+
+
+def _functional_program(code: str, method: str) -> str:
+    return (
+        FUNCTIONAL_HEADER + code + "\n\n"
+        "import json as _json, sys as _sys\n"
+        "_args = [_json.loads(_line) for _line in _sys.stdin.read().split('\\n') if _line.strip()]\n"
+        f"print(_json.dumps(Solution().{method}(*_args)))\n"
+    )
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.strip().splitlines()]
+
+
+def _passes(case: dict, code: str, method: str | None, sandbox_kw: dict) -> bool:
+    if case["testtype"] == "stdin":
+        result = run_python(code, stdin=case["input"], **sandbox_kw)
+        return result.passed and _lines(result.stdout) == _lines(case["output"])
+    result = run_python(_functional_program(code, method), stdin=case["input"], **sandbox_kw)
+    if not result.passed or not result.stdout.strip():
+        return False
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1]) == json.loads(case["output"])
+    except json.JSONDecodeError:
+        return False
+
+
+def score(row: dict, completion: str, *, private: bool = True, **sandbox_kw) -> bool:
+    """Whether the code in `completion` passes every test of the row (keyword arguments go to
+    run_python; the default timeout is TIMEOUT_S per test)."""
+    sandbox_kw.setdefault("timeout_s", TIMEOUT_S)
+    code = extract_code(completion)
+    cases = tests(row, private=private)
+    method = _method_name(row) if any(c["testtype"] == "functional" for c in cases) else None
+    return bool(cases) and all(_passes(case, code, method, sandbox_kw) for case in cases)

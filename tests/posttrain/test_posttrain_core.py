@@ -1,0 +1,209 @@
+"""The post-train building blocks on a tiny random DiffusionGemma (the real transformers class)."""
+
+import pytest
+import torch
+
+from tests.posttrain.conftest import CANVAS, VOCAB
+
+from tadm.errors import ConfigError
+from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma, sampling_kwargs
+from tadm.posttrain.backbone import SplitDiffusionGemma
+from tadm.posttrain.fusion import PairedAttentionFusion
+
+SPLIT = (1, 3, 2)
+
+
+def encode(base, prompt):
+    with torch.no_grad():
+        return base.model.encoder(input_ids=prompt).cache
+
+
+def prompts(b=2, n=5, seed=0):
+    return torch.randint(3, VOCAB, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+def trained_fusion(hidden=32, rank=16, seed=1):
+    """A fusion with every weight random and non-zero (as after training)."""
+    torch.manual_seed(seed)
+    fusion = PairedAttentionFusion(hidden, rank)
+    with torch.no_grad():
+        for prm in fusion.parameters():
+            prm.normal_(0, 0.5)
+    return fusion
+
+
+def test_split_reproduces_the_base_decoder_bit_for_bit(tiny_base):
+    split = SplitDiffusionGemma(tiny_base, *SPLIT)
+    cache = encode(tiny_base, prompts())
+    g = torch.Generator().manual_seed(3)
+    z = torch.randint(0, VOCAB, (2, CANVAS), generator=g)
+    for sc in (None, torch.randn(2, CANVAS, VOCAB, generator=g)):
+        with torch.no_grad():
+            ref = tiny_base(decoder_input_ids=z, cache=cache, self_conditioning_logits=sc).logits
+            ours = split(z, cache, sc)
+        assert torch.equal(ref, ours)
+
+
+def test_split_must_cover_the_decoder(tiny_base):
+    with pytest.raises(ConfigError, match="add up to the decoder's 6 layers"):
+        SplitDiffusionGemma(tiny_base, 2, 2, 1)
+
+
+def test_split_freezes_the_base(tiny_base):
+    SplitDiffusionGemma(tiny_base, *SPLIT)
+    assert not any(p.requires_grad for p in tiny_base.parameters())
+
+
+def test_fusion_at_initialisation_returns_the_cached_anchor_exactly():
+    fusion = PairedAttentionFusion(32, 16)
+    g = torch.Generator().manual_seed(0)
+    c, c0, h0 = (torch.randn(2, 8, 32, generator=g) for _ in range(3))
+    assert torch.equal(fusion(c, c0, h0), h0)  # c != c0, yet W_up = 0 makes the correction vanish
+    assert torch.sigmoid(fusion.gate.bias).item() == pytest.approx(torch.sigmoid(torch.tensor(-3.0)).item())
+
+
+def test_trained_correction_is_exactly_zero_when_the_shallow_state_is_unchanged():
+    fusion = trained_fusion()
+    g = torch.Generator().manual_seed(0)
+    c0, h0 = torch.randn(2, 8, 32, generator=g), torch.randn(2, 8, 32, generator=g)
+    assert torch.count_nonzero(fusion.correction(c0.clone(), c0, h0)) == 0
+    assert torch.equal(fusion(c0.clone(), c0, h0), h0)
+    moved = c0.clone()
+    moved[0, 3] += 1.0  # one position changes: every position's correction may move
+    delta = fusion.correction(moved, c0, h0)
+    assert delta.abs().max() > 1e-3
+
+
+def test_fusion_parameter_count_at_paper_scale():
+    with torch.device("meta"):
+        fusion = PairedAttentionFusion(2816, 256)
+    d, r = 2816, 256
+    assert fusion.num_parameters == 5 * d * r + r + 1 + 3 * d
+
+
+def tadm(base, fusion=None, k=1):
+    split = SplitDiffusionGemma(base, *SPLIT)
+    return TimeAnchoredDiffusionGemma(split, fusion or PairedAttentionFusion(split.hidden_size, 16), k)
+
+
+def gen_kwargs(steps=6, new=2 * CANVAS):
+    return sampling_kwargs(steps, 0.1, (0.8, 0.4), new, eos_token_id=None, pad_token_id=None)
+
+
+def test_k1_at_initialisation_generates_exactly_the_base_models_tokens(tiny_base):
+    ids = prompts()
+    torch.manual_seed(11)
+    ref = tiny_base.generate(ids, **gen_kwargs()).sequences
+    model = tadm(tiny_base, k=1)
+    torch.manual_seed(11)
+    ours = model.generate(ids, **gen_kwargs()).sequences
+    assert torch.equal(ref, ours)
+    assert model.counters.steps == 12 and model.counters.refreshes == 12  # 2 canvases x 6 steps
+
+
+def test_k1_with_trained_fusion_is_still_the_base(tiny_base):
+    """K = 1 never reuses, so even non-zero fusion weights leave the base's tokens."""
+    ids = prompts(seed=4)
+    torch.manual_seed(2)
+    ref = tiny_base.generate(ids, **gen_kwargs()).sequences
+    model = tadm(tiny_base, trained_fusion(), 1)
+    torch.manual_seed(2)
+    ours = model.generate(ids, **gen_kwargs()).sequences
+    assert torch.equal(ref, ours)
+
+
+@pytest.mark.parametrize("k, refreshes", [(2, 6), (3, 4)])
+def test_refresh_schedule_and_layer_calls(tiny_base, k, refreshes):
+    model = tadm(tiny_base, trained_fusion(), k)
+    torch.manual_seed(0)
+    model.generate(prompts(), **gen_kwargs())
+    c = model.counters
+    s, a, d = SPLIT
+    # two canvases of 6 steps; every canvas starts with a refresh
+    assert c.steps == 12 and c.refreshes == refreshes
+    assert c.layer_calls == {"shared": 12 * s, "anchor": refreshes * a, "denoiser": 12 * d}
+
+
+def test_reused_steps_feed_the_fusion_the_cached_states(tiny_base, monkeypatch):
+    """On a reuse step the fusion sees (current c, C0, H0) of the last refresh of this canvas."""
+    model = tadm(tiny_base, trained_fusion(), 3)
+    seen, anchors = [], []
+    real_fusion, real_anchor = model.fusion.forward, model.split.anchor
+
+    def spy_fusion(c, c0, h0):
+        seen.append((c0, h0))
+        return real_fusion(c, c0, h0)
+
+    def spy_anchor(c, inputs):
+        h = real_anchor(c, inputs)
+        anchors.append((c, h))
+        return h
+
+    monkeypatch.setattr(model.fusion, "forward", spy_fusion)
+    monkeypatch.setattr(model.split, "anchor", spy_anchor)
+    torch.manual_seed(0)
+    model.generate(prompts(), **gen_kwargs())
+    # steps per canvas: R U U R U U -> fusion calls 0,1 use refresh 0; 2,3 refresh 1; ...
+    assert len(anchors) == 4 and len(seen) == 8
+    for i, (c0, h0) in enumerate(seen):
+        ref_c, ref_h = anchors[i // 2]
+        assert c0 is ref_c and h0 is ref_h
+
+
+def test_paper_compute_ratios_at_2_20_8():
+    """Layer calls per step relative to the base: (10 + 20/K) / 30 -> 1.00 / 0.67 / 0.56 (48 steps)."""
+    from tadm.posttrain.table1 import Method
+
+    class Split:
+        split = (2, 20, 8)
+
+    class Stub:
+        split = Split()
+
+    base = Method("Base", None, Stub(), None).layer_calls_per_step(48)
+    ratios = [Method("k", None, Stub(), k).layer_calls_per_step(48) / base for k in (1, 2, 3)]
+    assert [round(r, 2) for r in ratios] == [1.00, 0.67, 0.56]
+
+
+def test_refresh_every_is_validated(tiny_base):
+    with pytest.raises(ConfigError, match="posttrain.refresh_every"):
+        tadm(tiny_base, k=0)
+
+
+def test_flop_count_includes_cpu_attention():
+    from tadm.posttrain.table1 import count_flops
+
+    q = torch.randn(2, 4, 16, 32)
+    assert count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)) == 2 * 2 * 2 * 4 * 16 * 16 * 32
+    w = torch.randn(32, 8)
+    assert count_flops(lambda: q @ w) == 2 * 2 * 4 * 16 * 32 * 8
+
+
+def test_flop_bound_of_reuse_is_below_the_base(tiny_base):
+    """Counted over whole generate calls: K = 2 costs less than the base, K = 1 the same."""
+    from tadm.posttrain.table1 import count_flops
+
+    ids = prompts()
+    flops = {}
+    for k in (None, 1, 2):
+        model = tiny_base if k is None else tadm(tiny_base, trained_fusion(), k)
+        kw = gen_kwargs() | ({} if k is None else {"refresh_every": k})
+        flops[k] = count_flops(lambda: model.generate(ids, **kw))
+    assert flops[1] == flops[None]
+    assert flops[2] < flops[None]
+
+
+def test_layer_call_hooks_count_both_paths(tiny_base):
+    from tadm.posttrain.table1 import DecoderLayerCalls
+
+    ids = prompts()
+    counter = DecoderLayerCalls(tiny_base)
+    torch.manual_seed(0)
+    tiny_base.generate(ids, **gen_kwargs())
+    assert counter.calls == 12 * 6  # 12 denoising steps x 6 decoder layers
+    counter.calls = 0
+    model = tadm(tiny_base, trained_fusion(), 3)
+    torch.manual_seed(0)
+    model.generate(ids, **gen_kwargs())
+    counter.close()
+    assert counter.calls == model.counters.total_layer_calls == 12 * 3 + 4 * 3

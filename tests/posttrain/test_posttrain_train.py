@@ -1,0 +1,142 @@
+"""Post-train training: one real step on the tiny DiffusionGemma, the paper path on local files,
+checkpoint resume of the loop, saving and loading the fusion."""
+
+import copy
+
+import pytest
+import torch
+
+from tests.posttrain.conftest import CANVAS, VOCAB, tiny_config
+
+from tadm.config import Params, override
+from tadm.errors import ConfigError, DataError
+from tadm.posttrain import model as dgm
+from tadm.posttrain.anchored import sampling_kwargs
+from tadm.posttrain.data import CanvasBatch
+from tadm.posttrain.objective import Rollout, antithetic_times, posttrain_loss, uniform_noise
+from tadm.posttrain.train import _loop, cosine_lr
+from tadm.train.trainer import Dist
+
+
+def params(**kw) -> Params:
+    base = {"posttrain.shared_layers": 1, "posttrain.anchor_layers": 3, "posttrain.denoiser_layers": 2,
+            "posttrain.fusion_rank": 16, "posttrain.canvas_length": CANVAS, "posttrain.sample_steps": 6}
+    return override(Params(), {**base, **kw})
+
+
+def batch(b=3, n_ctx=5, seed=0) -> CanvasBatch:
+    g = torch.Generator().manual_seed(seed)
+    ctx = torch.randint(3, VOCAB, (b, n_ctx), generator=g)
+    mask = torch.ones_like(ctx, dtype=torch.bool)
+    mask[0, :2] = False  # a left-padded context
+    return CanvasBatch(ctx, mask, torch.randint(3, VOCAB, (b, CANVAS), generator=g), torch.rand(b, generator=g))
+
+
+def step(tadm, p, b, seed=0):
+    rollout = Rollout(p.posttrain.sample_steps, 0.1, (0.8, 0.4), CANVAS, VOCAB)
+    opt = torch.optim.AdamW(tadm.fusion.parameters(), lr=1e-2)
+    loss, logs = posttrain_loss(tadm.split, tadm.fusion, b, torch.Generator().manual_seed(seed), p.posttrain, rollout)
+    loss.backward()
+    grads = {n: q.grad.clone() for n, q in tadm.fusion.named_parameters()}
+    opt.step()
+    return loss, logs, grads
+
+
+def test_one_step_trains_only_the_fusion(tiny_base):
+    p = params(**{"posttrain.cache_age_probs": [0.0, 0.0, 1.0]})  # always a 2-step-old anchor
+    tadm = dgm.build_tadm(tiny_base, p)
+    before_base = copy.deepcopy(tiny_base.state_dict())
+    before_fusion = copy.deepcopy(tadm.fusion.state_dict())
+    loss, logs, grads = step(tadm, p, batch())
+    assert torch.isfinite(loss) and logs["age"] == 2 and logs["kd"] >= 0
+    assert grads["up.weight"].abs().sum() > 0  # the zero-initialised projection gets a gradient
+    assert any(not torch.equal(before_fusion[k], v) for k, v in tadm.fusion.state_dict().items())
+    assert all(torch.equal(before_base[k], v) for k, v in tiny_base.state_dict().items())
+
+
+def test_a_fresh_anchor_gives_the_fusion_no_gradient(tiny_base):
+    """k = 0: the current shallow state is C0, so the fused state is H0 whatever the weights."""
+    p = params(**{"posttrain.cache_age_probs": [1.0, 0.0, 0.0]})
+    tadm = dgm.build_tadm(tiny_base, p)
+    _, logs, grads = step(tadm, p, batch())
+    assert logs["age"] == 0 and logs["kd"] == pytest.approx(0.0, abs=1e-6)
+    assert all(torch.count_nonzero(g) == 0 for g in grads.values())
+
+
+def test_noise_and_times():
+    g = torch.Generator().manual_seed(0)
+    t = antithetic_times(1000, g)
+    assert t.min() > 0 and t.max() < 1 and abs(float(t.mean()) - 0.5) < 1e-3
+    x = torch.zeros(2, 20000, dtype=torch.long)
+    z = uniform_noise(x, torch.tensor([0.0, 0.5]), 100, g)
+    assert torch.equal(z[0], x[0])
+    # a replaced token is uniform over 100 ids, so it is 0 again with probability 1/100
+    assert abs(float((z[1] != 0).float().mean()) - 0.5 * 0.99) < 0.02
+
+
+def test_paper_profile_path_on_a_local_checkpoint(tmp_path, tiny_base):
+    """from_pretrained(dir) in bf16 -> split -> fusion -> one training step -> generation with K = 2."""
+    tiny_base.save_pretrained(tmp_path / "dg")
+    p = params(**{"posttrain.base_model": str(tmp_path / "dg"), "posttrain.precision": "bf16",
+                  "posttrain.cache_age_probs": [0.0, 1.0, 0.0]})
+    base = dgm.load_base(dgm.base_source(p), p.posttrain.precision)
+    assert base.dtype == torch.bfloat16 and not any(q.requires_grad for q in base.parameters())
+    tadm = dgm.build_tadm(base, p)
+    tadm.fusion.float()
+    loss, _, grads = step(tadm, p, batch())
+    assert torch.isfinite(loss) and grads["up.weight"].abs().sum() > 0
+    tadm.fusion.to(torch.bfloat16)
+    torch.manual_seed(0)
+    out = tadm.generate(batch().context, refresh_every=2, **sampling_kwargs(6, 0.1, (0.8, 0.4), CANVAS, None, None))
+    assert out.sequences.shape == (3, 5 + CANVAS)
+    assert tadm.counters.refreshes == 3 and tadm.counters.steps == 6
+
+
+def test_load_base_names_a_missing_checkpoint(tmp_path):
+    with pytest.raises(DataError, match="config.json missing"):
+        dgm.load_base(str(tmp_path / "nothing_here"))
+
+
+def test_fusion_round_trip_and_mismatch(tmp_path, tiny_base):
+    p = params()
+    tadm = dgm.build_tadm(tiny_base, p)
+    with torch.no_grad():
+        for q in tadm.fusion.parameters():
+            q.normal_()
+    dgm.save_fusion(tadm, tmp_path, "tiny")
+    fresh = dgm.build_tadm(tiny_base, p)
+    record = dgm.load_fusion(fresh, tmp_path)
+    assert record["split"] == [1, 3, 2] and record["parameters"] == tadm.fusion.num_parameters
+    assert all(torch.equal(a, b) for a, b in zip(tadm.fusion.state_dict().values(), fresh.fusion.state_dict().values()))
+    other = dgm.build_tadm(tiny_base, params(**{"posttrain.fusion_rank": 8}))
+    with pytest.raises(ConfigError, match="rank=16"):
+        dgm.load_fusion(other, tmp_path)
+
+
+def test_cosine_schedule():
+    assert cosine_lr(0, 1.0, 10, 100, 0.1) == pytest.approx(0.1)
+    assert cosine_lr(9, 1.0, 10, 100, 0.1) == pytest.approx(1.0)
+    assert cosine_lr(10, 1.0, 10, 100, 0.1) == pytest.approx(1.0)
+    assert cosine_lr(100, 1.0, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+def _run(run_dir, steps):
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.1)
+    data = torch.randn(32, 4, generator=torch.Generator().manual_seed(1))
+
+    def loss_fn(module, idx, gen):
+        x = data[idx] + 0.1 * torch.randn(len(idx), 4, generator=gen)
+        return module(x).pow(2).mean(), {}
+
+    _loop("toy", net, loss_fn, steps=steps, batch=4, micro=2, n_data=32, lr_at=lambda s: 0.1, opt=opt, clip=1.0,
+          run_dir=run_dir, fingerprint="fp", seed=0, log_every=1, checkpoint_every=2, d=Dist(), log=lambda *_: None)
+    return net
+
+
+def test_loop_resumes_to_the_same_weights(tmp_path):
+    straight = _run(tmp_path / "a", 6)
+    _run(tmp_path / "b", 4)  # "killed" after step 4 (checkpoints at 2 and 4)
+    resumed = _run(tmp_path / "b", 6)
+    assert torch.equal(straight.weight, resumed.weight) and torch.equal(straight.bias, resumed.bias)

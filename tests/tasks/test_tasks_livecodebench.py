@@ -1,0 +1,155 @@
+"""LiveCodeBench: two hand-written problems (stdin and functional) scored in the sandbox."""
+
+import base64
+import json
+import os
+import pickle
+import time
+import zlib
+
+import pytest
+
+from tadm.errors import DataError
+from tadm.tasks import livecodebench as lcb
+
+
+def hub_compressed(cases: list[dict]) -> str:
+    """Private tests the way the hub stores them: base64(zlib(pickle(json text)))."""
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
+
+
+STDIN_ROW = {
+    "question_id": "abc000_a",
+    "question_title": "Sum and difference",
+    "question_content": "Given integers A and B, print A+B on the first line and A-B on the second.",
+    "starter_code": "",
+    "public_test_cases": json.dumps([{"input": "3 5\n", "output": "8\n-2\n", "testtype": "stdin"}]),
+    "private_test_cases": hub_compressed([{"input": "10 -4\n", "output": "6\n14", "testtype": "stdin"},
+                                         {"input": "0 0", "output": "0\n0\n", "testtype": "stdin"}]),
+    "metadata": "{}",
+}
+FUNCTIONAL_ROW = {
+    "question_id": "2000",
+    "question_title": "two-sum",
+    "question_content": "Return the indices of the two numbers in nums that add up to target.",
+    "starter_code": "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n        ",
+    "public_test_cases": json.dumps([{"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "testtype": "functional"}]),
+    "private_test_cases": json.dumps([{"input": "[3, 2, 4]\n6", "output": "[1, 2]", "testtype": "functional"}]),
+    "metadata": json.dumps({"func_name": "twoSum"}),
+}
+
+STDIN_GOOD = "a, b = map(int, input().split())\nprint(a + b, '  ')\nprint(a - b)\n"  # trailing spaces are fine
+STDIN_WRONG = "a, b = map(int, input().split())\nprint(a + b)\nprint(b - a)\n"
+FUNCTIONAL_GOOD = (
+    "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
+    "        seen = {}\n        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+    "                return [seen[target - x], i]\n            seen[x] = i\n"
+)
+FUNCTIONAL_WRONG = FUNCTIONAL_GOOD.replace("[seen[target - x], i]", "[i, seen[target - x]]")
+INFINITE = "while True:\n    pass\n"
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution.\n```python\n{code}```\nIt runs in O(n)."
+
+
+def test_decodes_public_and_hub_compressed_private_tests():
+    cases = lcb.tests(STDIN_ROW)
+    assert [c["input"] for c in cases] == ["3 5\n", "10 -4\n", "0 0"]
+    assert len(lcb.tests(STDIN_ROW, private=False)) == 1
+
+
+@pytest.mark.parametrize("row, good", [(STDIN_ROW, STDIN_GOOD), (FUNCTIONAL_ROW, FUNCTIONAL_GOOD)])
+def test_correct_solution_passes(row, good):
+    assert lcb.score(row, fenced(good))
+
+
+@pytest.mark.parametrize("row, wrong", [(STDIN_ROW, STDIN_WRONG), (FUNCTIONAL_ROW, FUNCTIONAL_WRONG),
+                                        (STDIN_ROW, "print(undefined)"), (FUNCTIONAL_ROW, "class Solution:\n    pass\n")])
+def test_wrong_solution_fails(row, wrong):
+    assert not lcb.score(row, fenced(wrong))
+
+
+def test_only_private_tests_can_catch_a_solution():
+    hardcoded = "print(8)\nprint(-2)\n"  # right on the public test only
+    assert lcb.score(STDIN_ROW, hardcoded, private=False)
+    assert not lcb.score(STDIN_ROW, hardcoded)
+
+
+@pytest.mark.parametrize("row", [STDIN_ROW, FUNCTIONAL_ROW])
+def test_infinite_loop_fails_by_timeout(row):
+    code = INFINITE if row is STDIN_ROW else FUNCTIONAL_GOOD.replace("seen = {}", "while True:\n            pass")
+    start = time.monotonic()
+    assert not lcb.score(row, fenced(code), timeout_s=1.0)
+    assert time.monotonic() - start < 4  # stops at the first failing test
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("```python\nprint(1)\n```\nthen\n```python\nprint(2)\n```", "print(2)\n"),  # the last block
+        ("```py\nprint(3)\n```", "print(3)\n"),
+        ("Sure:\n```Python\nprint(4)\n", "print(4)\n"),  # cut off before the closing fence
+        ("print(5)\n", "print(5)\n"),  # no fence: the whole text
+        ("```python\nprint(6)\n```\nOutput:\n```\n6\n```", "print(6)\n"),  # a plain block is not code
+    ],
+)
+def test_extract_code(text, expected):
+    assert lcb.extract_code(text) == expected
+
+
+def test_prompts():
+    stdin_prompt, functional_prompt = lcb.prompt(STDIN_ROW), lcb.prompt(FUNCTIONAL_ROW)
+    assert STDIN_ROW["question_content"] in stdin_prompt and "standard input" in stdin_prompt
+    assert "```python\nclass Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n```" in functional_prompt
+    assert "standard input" not in functional_prompt
+    assert stdin_prompt.endswith("Answer:\n") and functional_prompt.endswith("Answer:\n")
+
+
+def test_load_local_jsonl(tmp_path):
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(json.dumps(STDIN_ROW) + "\n" + json.dumps(FUNCTIONAL_ROW) + "\n")
+    rows = lcb.load_livecodebench(str(path))
+    assert [r["question_id"] for r in rows] == ["abc000_a", "2000"]
+    assert lcb.score(rows[1], FUNCTIONAL_GOOD)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"public_test_cases": "[]", "private_test_cases": ""}, "no test cases"),
+        ({"public_test_cases": json.dumps([{"input": "1", "output": "1", "testtype": "file"}])}, "testtype"),
+        ({"private_test_cases": "not json nor base64!"}, "neither JSON nor"),
+        ({"question_content": None}, "must be strings"),
+    ],
+)
+def test_load_rejects_bad_rows(tmp_path, change, message):
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(json.dumps(STDIN_ROW | change) + "\n")
+    with pytest.raises(DataError, match=message):
+        lcb.load_livecodebench(str(path))
+
+
+class _Exploit:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_compressed_tests_never_unpickle_objects(tmp_path):
+    """A pickle that would run a command when loaded is refused, and nothing runs."""
+    marker = tmp_path / "pwned"
+    packed = base64.b64encode(zlib.compress(pickle.dumps(_Exploit(str(marker))))).decode()
+    with pytest.raises(DataError, match="refusing to load"):
+        lcb.tests(STDIN_ROW | {"private_test_cases": packed})
+    assert not marker.exists()
+
+
+def test_functional_tests_need_a_method_name():
+    row = FUNCTIONAL_ROW | {"metadata": "{}", "starter_code": ""}
+    with pytest.raises(DataError, match="no method name"):
+        lcb.score(row, FUNCTIONAL_GOOD)
+    # without metadata the name comes from the starter code
+    assert lcb.score(FUNCTIONAL_ROW | {"metadata": ""}, FUNCTIONAL_GOOD, private=False)

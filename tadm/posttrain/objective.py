@@ -114,10 +114,10 @@ def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: 
         t = antithetic_times(len(batch.target), gen, batch.target.device)
         z = uniform_noise(batch.target, t, vocab, gen)
         step = rollout.cur_step(float(t.mean()))
+        inputs = split.prepare(z, cache, mask)  # shapes and cache only: the same for every pass below
         sc = None
         if float(torch.rand((), generator=gen)) < cfg.self_cond_p:
-            sc = rollout.tempered(split(z, cache, None, decoder_attention_mask=mask), step)
-        inputs = split.prepare(z, cache, mask)
+            sc = rollout.tempered(split.denoise(split.anchor(split.shared(z, inputs), inputs), inputs), step)
         c0 = split.shared(z, inputs, sc)
         h0 = split.anchor(c0, inputs)
         k = draw_cache_age(cfg.cache_age_probs, gen)
@@ -130,7 +130,10 @@ def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: 
             if j < k - 1:
                 logits = split.denoise(fusion(c, c0, h0), inputs)
         teacher = split.denoise(split.anchor(c, inputs), inputs) if k else logits
-    student = split.denoise(fusion(c, c0, h0), inputs)
+    fused = fusion(c, c0, h0)
+    # k = 0: c is C0, so the fused state is H0 exactly and the student is the teacher; the zero
+    # term keeps every fusion parameter in the graph (zero gradients, as DDP expects)
+    student = split.denoise(fused, inputs) if k else logits + 0.0 * (fused - h0).sum()
     tau = cfg.kd_temperature
     ce = F.cross_entropy(student.flatten(0, 1), batch.target.flatten())
     kd = F.kl_div(F.log_softmax(student / tau, -1).flatten(0, 1), F.log_softmax(teacher / tau, -1).flatten(0, 1),

@@ -185,6 +185,14 @@ def cmd_dg_posttrain(args) -> None:
     print(json.dumps(train_fusion(_params(args), sft_dir=Path(args.sft))))
 
 
+def cmd_asrd_model(args) -> None:
+    """Train the masked diffusion LM the ASRD comparison runs on (both tasks)."""
+    from tadm.asrd.train import train
+    from tadm.data.tokenizer import load_tokenizer
+
+    print(json.dumps(train(_params(args), load_tokenizer(args.tokenizer))))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tadm", description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
@@ -248,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "(multi-process: torchrun --nproc_per_node=N -m tadm dg-posttrain)")
     p.add_argument("--sft", default=str(SFT_DIR))
     p.set_defaults(func=cmd_dg_posttrain)
+
+    p = sub.add_parser("asrd-model", help="train the masked diffusion LM of the ASRD comparison on its two tasks "
+                       "(arithmetic, word reversal)")
+    p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+    p.set_defaults(func=cmd_asrd_model)
     return ap
 
 

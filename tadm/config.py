@@ -255,6 +255,48 @@ class PosttrainConfig:
 
 
 @dataclass
+class AsrdConfig:
+    """ASRD (anchor-supervised revocable decoding, training-free) and its comparison with the
+    remasking baselines (tadm.asrd; stages asrd_model and asrd)."""
+
+    # the anchor tokens cache and the two mechanisms
+    capacity: int = spec(16, ge=1)  # anchors per sequence (the paper: 12-20)
+    window: int = spec(2, ge=1)  # k: passes a prediction must hold to become an anchor
+    guidance: float = spec(1.0, ge=0.0)  # weight of the anchor centroid in masked embeddings
+    perturbation: float = spec(1.0, ge=0.0)  # rho: orthogonal push, relative to the token's norm
+    verify_below: float = spec(0.9, gt=0.0, le=1.0)  # candidates committed less confident are verified
+    threshold: float = spec(0.9, gt=0.0, le=1.0)  # parallel commit threshold of ASRD and its base
+    temperature: float = spec(0.0, ge=0.0)  # token choice: 0 = argmax
+    refresh_every: int = spec(2, ge=1)  # K of the time-anchored row (ASRD on TADM)
+    # ReMDM-loop baseline
+    eta: float = spec(0.02, ge=0.0, le=1.0)
+    t_on: float = spec(0.55, gt=0.0, le=1.0)
+    t_off: float = spec(0.05, ge=0.0, lt=1.0)
+    alpha_on: float = spec(0.9, gt=0.0, lt=1.0)
+    # the tasks: fixed layout [prompt | response] for the masked model; DiffusionGemma's canvas
+    # is posttrain.canvas_length
+    prompt_tokens: int = spec(20, ge=1)
+    response_tokens: int = spec(24, ge=1)
+    block_size: int = spec(8, ge=1)  # semi-AR block (masked model and DiffusionGemma)
+    steps: int = spec(24, ge=1)  # masked model, over the response
+    dg_steps: int = spec(32, ge=1)  # DiffusionGemma, over its canvas
+    reversal_vocabulary: int = spec(200, ge=4)  # most frequent corpus words the lines use
+    reversal_words: list[int] = spec([3, 5], length=2, ge=1)  # min, max words per line
+    reversal_train: int = spec(4000, ge=1)
+    eval_examples: int = spec(0, ge=0)  # per task; 0 = all (arithmetic: the SFT validation problems)
+    reversal_eval: int = spec(200, ge=1)
+    seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
+    batch_size: int = spec(32, ge=1)  # sequences decoded together
+    # the masked diffusion LM the comparison runs on (MDLM, `model` section's width and depth)
+    train_steps: int = spec(1500, ge=1)
+    train_batch: int = spec(64, ge=1)
+    lr: float = spec(1.0e-3, gt=0.0)
+    warmup_steps: int = spec(100, ge=0)
+    checkpoint_every: int = spec(500, ge=1)
+    log_every: int = spec(50, ge=1)
+
+
+@dataclass
 class Params:
     profile: str = spec("default", nonempty=True)
     seed: int = spec(0, ge=0)
@@ -267,6 +309,7 @@ class Params:
     sample: SampleConfig = field(default_factory=SampleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     posttrain: PosttrainConfig = field(default_factory=PosttrainConfig)
+    asrd: AsrdConfig = field(default_factory=AsrdConfig)
 
 
 # --------------------------------------------------------------------------- validation
@@ -450,7 +493,22 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.cache_age_probs", f"must sum to 1, got {sum(c.cache_age_probs):g}", src)
 
     @staticmethod
+    def AsrdConfig(c: AsrdConfig, p: str, src: str) -> None:
+        if c.response_tokens % c.block_size:
+            raise ConfigError(f"{p}.response_tokens", f"must be a multiple of block_size ({c.block_size}), got {c.response_tokens}", src)
+        if c.steps % (c.response_tokens // c.block_size):
+            raise ConfigError(f"{p}.steps", f"must divide evenly over the {c.response_tokens // c.block_size} blocks, got {c.steps}", src)
+        if c.reversal_words[0] > c.reversal_words[1]:
+            raise ConfigError(f"{p}.reversal_words", f"needs min <= max, got {c.reversal_words}", src)
+        if c.t_off >= c.t_on:
+            raise ConfigError(f"{p}.t_off", f"must be < t_on ({c.t_on}), got {c.t_off}", src)
+
+    @staticmethod
     def Params(c: Params, p: str, src: str) -> None:
+        blocks = c.posttrain.canvas_length // c.asrd.block_size
+        if c.posttrain.canvas_length % c.asrd.block_size or c.asrd.dg_steps % blocks:
+            raise ConfigError("asrd.dg_steps", f"DiffusionGemma's canvas (posttrain.canvas_length {c.posttrain.canvas_length}) must split into "
+                              f"blocks of asrd.block_size ({c.asrd.block_size}) that dg_steps ({c.asrd.dg_steps}) divides evenly", src)
         if c.sample.canvas_length > c.packing.seq_len:
             raise ConfigError("sample.canvas_length", f"must be <= packing.seq_len ({c.packing.seq_len}), got {c.sample.canvas_length}", src)
 

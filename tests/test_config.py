@@ -44,6 +44,7 @@ def test_paper_profile_carries_the_paper_settings():
     assert sum(s.count for s in p.sft.hub_sources) == 300_000
     assert p.sft.canvases_per_example == 8
     assert (p.eval.featurizer, p.eval.evaluator, p.eval.reference_samples) == ("gpt2-large", "gpt2-large", 5000)
+    assert 12 <= p.asrd.capacity <= 20 and p.asrd.window == 2  # the ASRD paper's cache size and window
 
 
 def test_default_posttrain_keeps_the_paper_split_proportions():
@@ -106,6 +107,11 @@ BAD = [
     ("packing", [1, 2], ["packing", "mapping"]),
     ("eval.featurizer", "/nonexistent/model", ["eval.featurizer", "does not exist", "minilm"]),
     ("eval.reference_samples", 1, ["eval.reference_samples", ">= 2"]),
+    ("asrd.response_tokens", 20, ["asrd.response_tokens", "multiple of block_size"]),
+    ("asrd.steps", 25, ["asrd.steps", "divide evenly"]),
+    ("asrd.dg_steps", 30, ["asrd.dg_steps", "block_size"]),
+    ("asrd.verify_below", 0.0, ["asrd.verify_below", "> 0"]),
+    ("asrd.reversal_words", [5, 3], ["asrd.reversal_words", "min <= max"]),
 ]
 
 

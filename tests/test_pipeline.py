@@ -22,15 +22,15 @@ RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
 TRAIN_STAGES = DATA_STAGES + tuple(f"train@{r}" for r in RUNS)
 ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm")
-POSTTRAIN_STAGES = ("dg_base", "dg_posttrain")
+POSTTRAIN_STAGES = ("dg_base", "dg_posttrain", "asrd_model")
 STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
-          + POSTTRAIN_STAGES + ("table1",))
+          + POSTTRAIN_STAGES + ("table1", "asrd"))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
-           "table1.md", "table1.csv")
-DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft")
-MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm")
-OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain"))
+           "table1.md", "table1.csv", "asrd.md", "asrd.csv")
+DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft", "data/asrd")
+MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/asrd_mdlm")
+OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain", "asrd_mdlm"))
 
 
 def _env() -> dict:
@@ -170,6 +170,32 @@ def test_papermill_table1_with_another_k(repo, tmp_path):
     methods = json.loads(out.read_text())["tasks"]["arithmetic"]["methods"]
     assert list(methods) == ["Base", "TADM K=4"]
     assert methods["TADM K=4"]["refresh_every"] == 4
+
+
+def test_asrd_table_has_every_method_on_every_task_and_model_with_numbers(repo, tmp_path):
+    import json
+
+    import pandas as pd
+
+    t = pd.read_csv(repo / "paper_figures" / "asrd.csv")
+    groups = [("arithmetic", "masked"), ("reversal", "masked"), ("arithmetic", "diffusiongemma")]
+    assert list(dict.fromkeys(zip(t.task, t.model))) == groups
+    methods = ["Plain (MDLM ancestral)", "ReMDM-loop", "Low-confidence (LLaDA)", "Low-confidence + threshold", "ASRD",
+               "ASRD, guidance only", "ASRD, verification only"]
+    for task, model in groups:
+        rows = t[(t.task == task) & (t.model == model)]
+        assert list(rows.method)[:7] == methods
+    assert list(t.method)[-1] == "ASRD + TADM K=2"
+    assert t.accuracy.between(0, 100).all() and t.tokens_per_s.gt(0).all() and t.calls.gt(0).all()
+    assert t[t.method.str.startswith("ASRD") & ~t.method.str.contains("guidance only")].verify_calls.gt(0).any()
+    # papermill with another K: the time-anchored row follows it, and its refreshes are Alg. 1's
+    out = tmp_path / "asrd.json"
+    run([sys.executable, "-m", "papermill", "--no-progress-bar", "notebooks/asrd.ipynb", str(tmp_path / "a.ipynb"),
+         "-p", "K", "4", "-p", "results_path", str(out), "-p", "out_dir", str(tmp_path / "fig"),
+         "-p", "metrics_path", str(tmp_path / "m.json")], repo)
+    rows = json.loads(out.read_text())["groups"][-1]["methods"]
+    assert rows["ASRD + TADM K=4"]["refresh_every"] == 4
+    assert (tmp_path / "fig" / "asrd.md").read_text().count("ASRD + TADM K=4") == 1
 
 
 def test_from_scratch_twice_gives_identical_bytes(repo):

@@ -1,0 +1,62 @@
+"""ASRD: anchor-supervised revocable decoding for diffusion LMs (training-free).
+
+"Follow the Latent Roadmap: Navigating Revocable Decoding for Diffusion LLMs with Anchor
+Tokens" (arXiv 2606.16847) describes the method in prose only and has no public code; this is
+an implementation from that description. Its pieces, one module each:
+
+- `atc`        the Anchor Tokens Cache: tokens whose prediction held for k passes (k = 2),
+               at most `capacity` (12-20) per sequence, updated every step;
+- `guidance`   anchor-guided generation: the entropy-weighted anchor centroid added to the
+               embeddings of masked positions before the model call;
+- `verify`     anchor-perturbed verification: perturbations orthogonal to a candidate's own
+               embedding; candidates whose prediction flips are remasked;
+- `backends`   one decoding interface for the project's masked models (MDLM, TADM with its
+               anchor reused between refreshes) and the post-train DiffusionGemma;
+- `decode`     the loop with semi-autoregressive blocks, shared by ASRD and the baselines it
+               is compared with (plain MDLM, ReMDM-loop, LLaDA's low-confidence remasking);
+- `tasks`, `train`, `compare`   the comparison of the `asrd` stage.
+
+Details the paper leaves open, and what we chose:
+
+1. *Base sampler.* ASRD sits on LLaDA's low-confidence remasking (front-loaded n_j =
+   ceil(undecided / steps left) per block) with a Fast-dLLM-style parallel threshold: every
+   prediction at least `threshold` confident is also kept, and a block ends once decided. The
+   comparison lists this base (low-confidence + threshold) as its own row.
+2. *Temporal consistency.* A position's streak counts consecutive passes with the same argmax.
+   On a uniform-state model (DiffusionGemma) decided tokens keep being re-predicted, so one
+   whose prediction changes leaves the cache. On an absorbing-state model the output at a
+   visible token is untrained (MDLM's SUBS copies it), so a decided token keeps the streak it
+   had when committed -- it is an anchor if the model predicted it for k passes in a row while
+   it was masked -- and leaves only by being remasked.
+3. *Cache membership.* Among eligible tokens (decided, streak >= k, prediction == token) the
+   `capacity` with the lowest latest entropy; recomputed after every step.
+4. *Guidance.* centroid g = sum_a softmax(-H_a) e(x_a) over the anchors; masked position l
+   gets e_l + w (H_l / log V) g: more signal where the model is less sure. Zero when the cache
+   is empty; w = 0 turns it off.
+5. *Verification.* After each step's commits, one extra pass reads every pending candidate of
+   the block (decided, not an anchor, committed with confidence < `verify_below`) under
+   delta _|_ e(x), ||delta|| = rho ||e(x)||; survive = the argmax is still x. A uniform-state
+   model reads the candidate as its token + delta; an absorbing-state model as the mask +
+   delta (its only trained reading). The reading is a prediction of the candidate's position,
+   so the cache observes it: a survivor gains one consistent pass and after k of them is an
+   anchor, no longer verified (without this a candidate of an absorbing-state model would be
+   re-verified at every step of its block). Not at a block's last step. rho = 0 turns it off
+   (no pass), so ASRD at w = 0, rho = 0 is its base method step for step.
+6. *Randomness.* ASRD's perturbation directions come from their own generator, so the base
+   method's draws are identical with the mechanisms on or off.
+7. *Beyond the paper.* On a time-anchored model (TADM; DiffusionGemma + the post-train
+   fusion) generation passes refresh the anchor every K and verification passes always reuse
+   it, so verification costs only the shared network, the fusion and the denoiser.
+"""
+
+from tadm.asrd.atc import AnchorTokensCache
+from tadm.asrd.backends import Backend, DecodeCounters, DiffusionGemmaBackend, MaskedBackend
+from tadm.asrd.decode import METHODS, DecodeResult, DecodeSettings, StepRecord, decode
+from tadm.asrd.guidance import anchor_centroid, guidance_signal
+from tadm.asrd.verify import orthogonal_perturbation, survivors
+
+__all__ = [
+    "AnchorTokensCache", "Backend", "DecodeCounters", "DiffusionGemmaBackend", "MaskedBackend", "METHODS",
+    "DecodeResult", "DecodeSettings", "StepRecord", "decode", "anchor_centroid", "guidance_signal",
+    "orthogonal_perturbation", "survivors",
+]

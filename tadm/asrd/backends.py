@@ -1,0 +1,207 @@
+"""One decoding interface for every model ASRD and its baselines run on.
+
+A backend turns a canvas of token ids plus an optional additive signal on the input
+embeddings into next-state logits, and counts what that cost:
+
+    e = backend.embed(ids)                  # (B, L, d): the input-embedding space
+    ids = backend.fill(z, undecided, gen)   # what an undecided position holds as input
+    logits = backend.logits(ids, delta)     # (B, L, V): one model pass, delta (B, L, d) or None
+
+- `MaskedBackend`: the project's absorbing-state models. MDLM runs its whole network every
+  pass; TADM runs Alg. 1: the anchor A(S(z) + delta) is recomputed on every `refresh_every`-th
+  generation pass and reused otherwise, S, the fusion and the denoiser run every pass.
+  Undecided positions hold the mask token; the output at a visible token is untrained
+  (`reads_decided` False); logits exclude the mask class (SUBS).
+- `DiffusionGemmaBackend`: the post-train DiffusionGemma (the frozen base split S / A / D,
+  optionally with the trained fusion and an anchor refreshed every K generation passes).
+  Uniform-state: an undecided position holds a fresh uniform random token each pass, and the
+  model predicts every position (`reads_decided` True). The prompt is encoded once per batch
+  (`set_context`) into the encoder cache the canvas decoder reads; no self-conditioning.
+
+Verification passes (``generation=False``) never refresh an anchor: they re-read the step's
+canvas, so on a time-anchored model they cost only the light part of the network.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tadm.errors import ConfigError
+
+
+@dataclass
+class DecodeCounters:
+    calls: int = 0  # model passes (generation + verification)
+    verify_calls: int = 0  # of which verification passes
+    refreshes: int = 0  # anchor evaluations (time-anchored models)
+    layer_calls: int = 0  # transformer-layer calls, the paper's compute unit
+
+    def add(self, other: "DecodeCounters") -> None:
+        for k in ("calls", "verify_calls", "refreshes", "layer_calls"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+class Backend(abc.ABC):
+    reads_decided: bool = False
+    mask_id: int | None = None
+    vocab_size: int = 0
+
+    def __init__(self, refresh_every: int = 1):
+        if not isinstance(refresh_every, int) or refresh_every < 1:
+            raise ConfigError("asrd.refresh_every", f"must be an integer >= 1, got {refresh_every!r}")
+        self.refresh_every = refresh_every
+        self.counters = DecodeCounters()
+        self._age: int | None = None  # generation passes since the anchor was computed
+
+    @property
+    @abc.abstractmethod
+    def device(self) -> torch.device: ...
+
+    def start(self) -> None:
+        """A new trajectory: the anchor is recomputed at its first pass."""
+        self._age = None
+
+    def _refresh_due(self, generation: bool) -> bool:
+        if self._age is None:
+            return True
+        if not generation:
+            return False
+        return self._age + 1 >= self.refresh_every
+
+    def _advance(self, refreshed: bool, generation: bool) -> None:
+        self.counters.calls += 1
+        self.counters.verify_calls += int(not generation)
+        self.counters.refreshes += int(refreshed)
+        if refreshed:
+            self._age = 0
+        elif generation and self._age is not None:
+            self._age += 1
+
+    @abc.abstractmethod
+    def embed(self, ids: Tensor) -> Tensor:
+        """Input embeddings (B, L, d) of token ids (B, L)."""
+
+    @abc.abstractmethod
+    def fill(self, z: Tensor, undecided: Tensor, generator: torch.Generator) -> Tensor:
+        """The model input: z with its undecided positions (B, L) bool replaced."""
+
+    @abc.abstractmethod
+    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+        """One pass: float32 logits (B, L, V) over the generatable tokens."""
+
+
+class MaskedBackend(Backend):
+    """MDLM or TADM (tadm.models); TADM's anchor is refreshed every `refresh_every` passes."""
+
+    reads_decided = False
+
+    def __init__(self, model, refresh_every: int = 1):
+        super().__init__(refresh_every)
+        if model.model_type not in ("mdlm", "tadm"):
+            raise ConfigError("asrd model", f"ASRD runs on 'mdlm' or 'tadm' models, got {model.model_type!r}")
+        if model.model_type == "mdlm" and refresh_every != 1:
+            raise ConfigError("asrd.refresh_every", f"MDLM has no anchor to reuse; refresh_every must be 1, got {refresh_every}")
+        self.model = model.eval()
+        self.mask_id, self.vocab_size = model.mask_id, model.vocab_size
+        self._h: Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def start(self) -> None:
+        super().start()
+        self._h = None
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.model.embed(ids)
+
+    def fill(self, z: Tensor, undecided: Tensor, generator: torch.Generator) -> Tensor:
+        return z.masked_fill(undecided, self.mask_id)
+
+    @torch.no_grad()
+    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+        m, cfg = self.model, self.model.cfg
+        e = m.embed(ids) if delta is None else m.embed(ids) + delta.to(m.embed.weight.dtype)
+        refreshed = False
+        if m.model_type == "mdlm":
+            out = m.head(m.blocks(e, m.cond()))
+            layers = cfg.mdlm_layers
+        else:
+            refreshed = self._refresh_due(generation)
+            if refreshed:
+                self._h = m.anchor_blocks(e, m.anchor_cond())
+            out = m.head(m.denoiser_blocks(m.fusion(e, self._h), m.denoiser_cond()))
+            layers = cfg.denoiser_layers + (cfg.anchor_layers if refreshed else 0)
+        self._advance(refreshed, generation)
+        self.counters.layer_calls += layers
+        return out[..., : self.vocab_size].float()
+
+
+class DiffusionGemmaBackend(Backend):
+    """A frozen DiffusionGemma (`tadm.posttrain.backbone.SplitDiffusionGemma`), with the trained
+    fusion (`fusion`) and an anchor refreshed every `refresh_every` passes, or without it
+    (`fusion=None`, refresh_every 1: the base model itself)."""
+
+    reads_decided = True
+
+    def __init__(self, split, fusion=None, refresh_every: int = 1):
+        super().__init__(refresh_every)
+        if fusion is None and refresh_every != 1:
+            raise ConfigError("asrd.refresh_every", "reusing the anchor needs the trained fusion (models/dg_tadm)")
+        self.split, self.fusion = split, fusion
+        self.vocab_size = split.text_config.vocab_size
+        self._cache = self._mask = self._inputs = None
+        self._c0 = self._h0 = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.split.base.device
+
+    def set_context(self, context: Tensor, context_mask: Tensor) -> None:
+        """Encode a batch of left-padded prompts (B, P) once; the canvas decoder reads the cache."""
+        with torch.no_grad():
+            self._cache = self.split.base.model.encoder(input_ids=context, attention_mask=context_mask).cache
+        self._mask, self._inputs = context_mask.bool(), None
+
+    def start(self) -> None:
+        super().start()
+        self._c0 = self._h0 = None
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.split.decoder.embed_tokens(ids)
+
+    def fill(self, z: Tensor, undecided: Tensor, generator: torch.Generator) -> Tensor:
+        noise = torch.randint(0, self.vocab_size, z.shape, generator=generator, device=z.device)
+        return torch.where(undecided, noise, z)
+
+    @torch.no_grad()
+    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+        split = self.split
+        if self._cache is None:
+            raise RuntimeError("DiffusionGemmaBackend.set_context(prompt ids, mask) must come before decoding")
+        if self._inputs is None or self._inputs.position_ids.shape[-1] != ids.shape[1]:
+            mask = torch.cat([self._mask, torch.ones_like(ids, dtype=torch.bool)], dim=1)
+            self._inputs = split.prepare(ids, self._cache, mask)
+        e = self.embed(ids)
+        if delta is not None:
+            e = e + delta.to(e.dtype)
+        x = split.decoder.self_conditioning(e, torch.zeros_like(e))  # = split.embed(ids) when delta is None
+        c = split.layers(x, self._inputs, "shared")
+        s, a, d = split.split
+        if self.fusion is None:
+            refreshed, h = True, split.anchor(c, self._inputs)  # the base: A on every pass
+        else:
+            refreshed = self._refresh_due(generation)
+            if refreshed:
+                self._c0, self._h0 = c, split.anchor(c, self._inputs)
+                h = self._h0
+            else:
+                h = self.fusion(c, self._c0, self._h0)
+        self._advance(refreshed, generation)
+        self.counters.layer_calls += s + d + (a if refreshed else 0)
+        return split.denoise(h, self._inputs)[..., : self.vocab_size].float()

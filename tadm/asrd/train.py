@@ -1,0 +1,103 @@
+"""The masked diffusion LM the ASRD comparison runs on: MDLM trained on the two tasks.
+
+ASRD is training-free, but it needs a masked (absorbing-state) diffusion LM that solves its
+tasks; the Table 2 models are unconditional and far too small for that. This trains an MDLM
+(`tadm.models.mdlm`, the `model` section's width and depth) on the fixed-layout
+[prompt | response] sequences of both tasks (`tadm.asrd.tasks`): the prompt is never masked,
+the response is masked as in MDLM (log-linear schedule, antithetic t) and the loss is MDLM's
+continuous-time NELBO over the response, per response token. AdamW, warm-up then cosine to 10%.
+
+The loop is the post-train recipe's (`tadm.posttrain.train._loop`): seeded global batches,
+per-step generators, atomic hash-checked safetensors checkpoints that a changed config, data
+or code refuses to resume, DDP under torchrun. Output: ``models/asrd_mdlm`` (save_pretrained)
+with the task layout in ``asrd.json``, ``data/asrd`` (the generated task sets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from tadm.asrd import tasks as T
+from tadm.config import Params
+from tadm.forward_process import mask_tokens, sample_times
+from tadm.io import atomic_write_json, atomic_write_text, sha256_file
+from tadm.losses import mdlm_nelbo, subs_log_probs
+from tadm.models import build_model
+from tadm.posttrain.train import _loop, cosine_lr
+from tadm.schedule import LogLinearSchedule
+from tadm.train.trainer import _seed, setup_distributed
+
+MODEL_DIR = Path("models/asrd_mdlm")
+DATA_DIR = Path("data/asrd")
+CODE = ("asrd/train.py", "asrd/tasks.py", "losses.py", "forward_process.py", "models", "posttrain/train.py",
+        "train/checkpoint.py")
+EPS = 1e-3
+
+
+def task_sets(p: Params, root: Path = Path(".")) -> dict[str, tuple[T.TaskSet, T.TaskSet]]:
+    """{task: (train, evaluation)} for both tasks, from data/sft and the corpus."""
+    a = p.asrd
+    words = T.frequent_words(root / "data" / "corpus" / "train.jsonl", a.reversal_vocabulary)
+    lo, hi = a.reversal_words
+    return {"arithmetic": T.arithmetic_sets(root / "data" / "sft", a.eval_examples),
+            "reversal": T.reversal_sets(words, a.reversal_train, a.reversal_eval, _seed(p.seed, 0xA5D), lo, hi)}
+
+
+def _code_hash(root: Path) -> list[str]:
+    out = []
+    for c in CODE:
+        path = root / c
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        out += [sha256_file(f) for f in files]
+    return out
+
+
+def response_nelbo(model, x: torch.Tensor, region: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """MDLM's NELBO of the response part of x (B, L) (`region` (L,) bool), per response token."""
+    schedule, mask_id = LogLinearSchedule(EPS), model.mask_id
+    t = sample_times(x.shape[0], EPS, True, gen, x.device)
+    z = mask_tokens(x, schedule.alpha(t), mask_id, gen)
+    z = torch.where(region.to(x.device), z, x)  # the prompt is never masked
+    nelbo = mdlm_nelbo(subs_log_probs(model(z), z, mask_id), x, z, t, schedule, mask_id)
+    return nelbo.mean() / int(region.sum())
+
+
+def train(p: Params, tokenizer, root: Path = Path("."), log=print) -> dict:
+    a = p.asrd
+    d = setup_distributed()
+    sets = task_sets(p, root)
+    layout = T.Layout(tokenizer, a.prompt_tokens, a.response_tokens)
+    x = torch.cat([layout.encode(tr.prompts, tr.responses) for tr, _ in sets.values()])
+    region = layout.region
+    torch.manual_seed(_seed(p.seed, 0xA5D))
+    model = build_model("mdlm", p.model, len(tokenizer), layout.length).to(d.device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    fp = hashlib.sha256(json.dumps({"asrd": dataclasses.asdict(a), "model": dataclasses.asdict(p.model), "seed": p.seed,
+                                    "data": hashlib.sha256(x.numpy().tobytes()).hexdigest(),
+                                    "code": _code_hash(Path(__file__).resolve().parent.parent)},
+                                   sort_keys=True).encode()).hexdigest()[:16]
+
+    def loss_fn(net, indices, gen):
+        return response_nelbo(net, x[indices].to(d.device), region, gen), {}
+
+    history = _loop("asrd_mdlm", model, loss_fn, steps=a.train_steps, batch=a.train_batch, micro=1, n_data=len(x),
+                    lr_at=lambda s: cosine_lr(s, a.lr, a.warmup_steps, a.train_steps, 0.1), opt=opt, clip=1.0,
+                    run_dir=root / "checkpoints" / "asrd_mdlm", fingerprint=fp, seed=p.seed, log_every=a.log_every,
+                    checkpoint_every=a.checkpoint_every, d=d, log=log)
+    summary = {"run": "asrd_mdlm", "steps": a.train_steps, "parameters": sum(q.numel() for q in model.parameters()),
+               "sequences": len(x), "layout": {"prompt_tokens": a.prompt_tokens, "response_tokens": a.response_tokens},
+               "final_loss": history[-1]["loss"] if history else None}
+    if d.main:
+        out = root / MODEL_DIR
+        model.eval().save_pretrained(out)
+        atomic_write_json(out / "asrd.json", summary["layout"])
+        (root / DATA_DIR).mkdir(parents=True, exist_ok=True)
+        T.dump({f"{name}_{split}": s for name, pair in sets.items() for split, s in zip(("train", "eval"), pair)},
+               root / DATA_DIR / "tasks.jsonl")
+        atomic_write_json(root / "metrics" / "asrd" / "train.json", {**summary, "history": history})
+    return summary

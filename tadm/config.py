@@ -280,16 +280,15 @@ class AsrdConfig:
     block_size: int = spec(8, ge=1)  # semi-AR block (masked model and DiffusionGemma)
     steps: int = spec(24, ge=1)  # masked model, over the response
     dg_steps: int = spec(32, ge=1)  # DiffusionGemma, over its canvas
-    reversal_vocabulary: int = spec(200, ge=4)  # most frequent corpus words the lines use
-    reversal_words: list[int] = spec([3, 5], length=2, ge=1)  # min, max words per line
-    reversal_train: int = spec(4000, ge=1)
-    eval_examples: int = spec(0, ge=0)  # per task; 0 = all (arithmetic: the SFT validation problems)
-    reversal_eval: int = spec(200, ge=1)
+    spelling_max: int = spec(999, ge=2, le=999)  # the spelling task's numbers: 1..spelling_max
+    spelling_train: int = spec(4000, ge=1)
+    spelling_eval: int = spec(200, ge=1)  # held-out numbers
+    eval_examples: int = spec(0, ge=0)  # arithmetic problems scored; 0 = all SFT validation ones
     seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
     batch_size: int = spec(32, ge=1)  # sequences decoded together
     # the masked diffusion LM the comparison runs on (MDLM, `model` section's width and depth)
-    train_steps: int = spec(1500, ge=1)
-    train_batch: int = spec(64, ge=1)
+    train_steps: int = spec(3000, ge=1)
+    train_batch: int = spec(32, ge=1)
     lr: float = spec(1.0e-3, gt=0.0)
     warmup_steps: int = spec(100, ge=0)
     checkpoint_every: int = spec(500, ge=1)
@@ -498,8 +497,8 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.response_tokens", f"must be a multiple of block_size ({c.block_size}), got {c.response_tokens}", src)
         if c.steps % (c.response_tokens // c.block_size):
             raise ConfigError(f"{p}.steps", f"must divide evenly over the {c.response_tokens // c.block_size} blocks, got {c.steps}", src)
-        if c.reversal_words[0] > c.reversal_words[1]:
-            raise ConfigError(f"{p}.reversal_words", f"needs min <= max, got {c.reversal_words}", src)
+        if c.spelling_eval >= c.spelling_max:
+            raise ConfigError(f"{p}.spelling_eval", f"must be below spelling_max ({c.spelling_max}), got {c.spelling_eval}", src)
         if c.t_off >= c.t_on:
             raise ConfigError(f"{p}.t_off", f"must be < t_on ({c.t_on}), got {c.t_off}", src)
 

@@ -111,7 +111,7 @@ BAD = [
     ("asrd.steps", 25, ["asrd.steps", "divide evenly"]),
     ("asrd.dg_steps", 30, ["asrd.dg_steps", "block_size"]),
     ("asrd.verify_below", 0.0, ["asrd.verify_below", "> 0"]),
-    ("asrd.reversal_words", [5, 3], ["asrd.reversal_words", "min <= max"]),
+    ("asrd.spelling_eval", 999, ["asrd.spelling_eval", "below spelling_max"]),
 ]
 
 

@@ -40,10 +40,6 @@ class DecodeCounters:
     refreshes: int = 0  # anchor evaluations (time-anchored models)
     layer_calls: int = 0  # transformer-layer calls, the paper's compute unit
 
-    def add(self, other: "DecodeCounters") -> None:
-        for k in ("calls", "verify_calls", "refreshes", "layer_calls"):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-
 
 class Backend(abc.ABC):
     reads_decided: bool = False

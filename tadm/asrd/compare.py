@@ -2,7 +2,7 @@
 
 Models (both trained by the pipeline):
 - ``masked``: the absorbing-state MDLM of ``models/asrd_mdlm`` (`tadm.asrd.train`), on the
-  fixed [prompt | response] layout, both tasks;
+  fixed [prompt | response] layout, both tasks (arithmetic, numbers in words);
 - ``diffusiongemma``: the post-train DiffusionGemma base (uniform-state, ``models/dg_base``)
   on the arithmetic task (the task it was trained on), plus ASRD on the time-anchored
   DiffusionGemma (the trained fusion of ``models/dg_tadm``, anchor refreshed every K passes).
@@ -11,8 +11,8 @@ Methods (`tadm.asrd.decode`): plain (MDLM ancestral), ReMDM-loop, low-confidence
 (LLaDA), low-confidence with the parallel-commit threshold (ASRD's base), ASRD, and ASRD with
 one mechanism off. Each is run with every seed of ``asrd.seeds``; accuracy is the mean (and
 sd) over seeds. Tokens/s counts generated positions over the decoding loop's wall time (all
-seeds and batches), and the speed-up is against low-confidence remasking measured in the same
-run; model calls, verification calls and transformer-layer calls are per decoded batch.
+seeds and batches; the methods interleaved seed by seed), and the speed-up is against
+low-confidence remasking measured in the same run; model calls, verification calls and transformer-layer calls are per decoded batch.
 """
 
 from __future__ import annotations
@@ -181,19 +181,21 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print) -
     sets = {name: pair[1] for name, pair in task_sets(p, root).items()}
     masked = MaskedRunner(p, load_tokenizer(root / "data" / "tokenizer"), root, device)
     dg = DiffusionGemmaRunner(p, root, device)
-    plan = [("arithmetic", masked, variants(p, a.steps, False)), ("reversal", masked, variants(p, a.steps, False)),
+    plan = [("arithmetic", masked, variants(p, a.steps, False)), ("spelling", masked, variants(p, a.steps, False)),
             ("arithmetic", dg, variants(p, a.dg_steps, True))]
     results = {"profile": p.profile, "seeds": list(a.seeds), "groups": []}
     bar = tqdm(total=sum(len(v) for _, _, v in plan) * len(a.seeds), desc="asrd", unit="run")
     for task_name, runner, vs in plan:
         task = sets[task_name]
-        rows = {}
-        for v in vs:
-            backend, tally = runner.backend(v.refresh_every), Tally()
-            for seed in a.seeds:
-                tally.accuracies.append(runner.run(backend, task, v.settings.replace(seed=seed), tally))
+        backends = {v.label: runner.backend(v.refresh_every) for v in vs}
+        tallies = {v.label: Tally() for v in vs}
+        for seed in a.seeds:  # methods interleaved, so machine-speed drift hits them alike
+            for v in vs:
+                tally = tallies[v.label]
+                tally.accuracies.append(runner.run(backends[v.label], task, v.settings.replace(seed=seed), tally))
                 bar.update()
-            rows[v.label] = {**tally.row(), "refresh_every": v.refresh_every, "settings": dataclass_dict(v.settings)}
+        rows = {v.label: {**tallies[v.label].row(), "refresh_every": v.refresh_every,
+                          "settings": dataclass_dict(v.settings)} for v in vs}
         results["groups"].append({"task": task_name, "model": runner.name, "n": len(task), "methods": rows})
         log(f"asrd[{task_name}/{runner.name}]: " + ", ".join(f"{k} {r['accuracy']:.1f}%" for k, r in rows.items()))
     bar.close()

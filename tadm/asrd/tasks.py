@@ -2,14 +2,14 @@
 
 - ``arithmetic``: the generated arithmetic problems of the SFT mixture (``data/sft``; the
   same problems Table 1 scores), answer extracted after ``####``.
-- ``reversal``: a generated text task. A line of `min_words`..`max_words` words drawn from
-  the corpus' most frequent words is to be written back in reverse word order:
+- ``spelling``: a generated text task. A number is to be written in English words:
 
-      prompt:   "Reverse the words: good night sweet prince"
-      response: "prince sweet night good"
+      prompt:   "Write 347 in words."
+      response: "three hundred forty-seven"
 
-  Correct when the generated words equal the reversed line exactly. Train and evaluation
-  lines are drawn from one seeded stream and never overlap.
+  Correct when the generated words equal the reference (case and spacing ignored). The
+  evaluation numbers are held out: no training example uses them, so the model has to compose
+  the words of an unseen number from the parts it learned.
 
 For a masked diffusion model every example becomes one fixed-layout sequence
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,9 +32,11 @@ from tadm.data import arithmetic
 from tadm.errors import ConfigError, DataError
 from tadm.io import atomic_write_text, read_jsonl
 
-TASKS = ("arithmetic", "reversal")
-REVERSAL_PREFIX = "Reverse the words: "
-_WORD = re.compile(r"[a-z]+")
+TASKS = ("arithmetic", "spelling")
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+         "seventeen eighteen nineteen").split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_TEMPLATES = ("Write {n} in words.", "Spell out the number {n}.", "How do you write {n} in words?")
 
 
 @dataclass
@@ -52,41 +52,36 @@ class TaskSet:
     def score(self, i: int, text: str) -> bool:
         if self.name == "arithmetic":
             return arithmetic.is_correct(text, self.answers[i])
-        return text.split() == self.answers[i].split()
+        return text.lower().split() == self.answers[i].lower().split()
 
 
-def frequent_words(corpus_file: str | Path, n: int, min_length: int = 2) -> list[str]:
-    """The `n` most frequent lowercase alphabetic words of a JSON-lines corpus (ties by word)."""
-    path = Path(corpus_file)
-    if not path.is_file():
-        raise DataError(f"{path} is missing: run the corpus stage first (dvc repro corpus)")
-    counts: Counter[str] = Counter()
-    for row in read_jsonl(path):
-        counts.update(w for w in _WORD.findall(row["text"].lower()) if len(w) >= min_length)
-    words = sorted(counts, key=lambda w: (-counts[w], w))[:n]
-    if len(words) < n:
-        raise DataError(f"{path}: only {len(words)} distinct words, asrd.reversal_vocabulary asks for {n}")
-    return words
+def number_words(n: int) -> str:
+    """English words of 0 <= n <= 999 (American style: "three hundred forty-seven")."""
+    if not 0 <= n <= 999:
+        raise ValueError(f"number_words covers 0..999, got {n}")
+    hundreds, rest = divmod(n, 100)
+    words = [f"{_ONES[hundreds]} hundred"] if hundreds else []
+    if rest or not hundreds:
+        tens, ones = divmod(rest, 10)
+        words.append(_ONES[rest] if rest < 20 else _TENS[tens] + (f"-{_ONES[ones]}" if ones else ""))
+    return " ".join(words)
 
 
-def reversal_sets(words: list[str], n_train: int, n_eval: int, seed: int, min_words: int, max_words: int
-                  ) -> tuple[TaskSet, TaskSet]:
-    """Disjoint train / evaluation sets of the reversal task, deterministic under `seed`."""
-    rng, seen, lines = random.Random(seed), set(), []
-    space = len(words) ** min_words
-    if n_train + n_eval > space // 2:
-        raise ConfigError("asrd.reversal_train", f"{n_train + n_eval} lines asked from a space of about {space}")
-    while len(lines) < n_train + n_eval:
-        line = tuple(rng.choice(words) for _ in range(rng.randint(min_words, max_words)))
-        if line not in seen:
-            seen.add(line)
-            lines.append(line)
+def spelling_sets(n_train: int, n_eval: int, seed: int, max_number: int) -> tuple[TaskSet, TaskSet]:
+    """Train / evaluation sets of the spelling task, deterministic under `seed`; the evaluation
+    numbers (one prompt each) never occur in training."""
+    if n_eval >= max_number:
+        raise ConfigError("asrd.spelling_eval", f"must be below spelling_max ({max_number}) to leave training numbers, got {n_eval}")
+    rng = random.Random(seed)
+    held = rng.sample(range(1, max_number + 1), n_eval)
+    kept = sorted(set(range(1, max_number + 1)) - set(held))
 
-    def make(chunk: list[tuple[str, ...]]) -> TaskSet:
-        rev = [" ".join(reversed(line)) for line in chunk]
-        return TaskSet("reversal", [REVERSAL_PREFIX + " ".join(line) for line in chunk], rev, rev)
+    def make(numbers: list[int]) -> TaskSet:
+        prompts = [rng.choice(_TEMPLATES).format(n=n) for n in numbers]
+        words = [number_words(n) for n in numbers]
+        return TaskSet("spelling", prompts, words, words)
 
-    return make(lines[:n_train]), make(lines[n_train:])
+    return make([rng.choice(kept) for _ in range(n_train)]), make(held)
 
 
 def arithmetic_sets(sft_dir: str | Path, limit: int = 0) -> tuple[TaskSet, TaskSet]:

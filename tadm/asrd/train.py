@@ -40,12 +40,10 @@ EPS = 1e-3
 
 
 def task_sets(p: Params, root: Path = Path(".")) -> dict[str, tuple[T.TaskSet, T.TaskSet]]:
-    """{task: (train, evaluation)} for both tasks, from data/sft and the corpus."""
+    """{task: (train, evaluation)} for both tasks (arithmetic from data/sft, spelling generated)."""
     a = p.asrd
-    words = T.frequent_words(root / "data" / "corpus" / "train.jsonl", a.reversal_vocabulary)
-    lo, hi = a.reversal_words
     return {"arithmetic": T.arithmetic_sets(root / "data" / "sft", a.eval_examples),
-            "reversal": T.reversal_sets(words, a.reversal_train, a.reversal_eval, _seed(p.seed, 0xA5D), lo, hi)}
+            "spelling": T.spelling_sets(a.spelling_train, a.spelling_eval, _seed(p.seed, 0xA5D), a.spelling_max)}
 
 
 def _code_hash(root: Path) -> list[str]:

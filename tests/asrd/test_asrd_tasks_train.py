@@ -1,12 +1,10 @@
 """The comparison's tasks and layout, and the masked model's training objective."""
 
-import json
-
 import pytest
 import torch
 
 from tadm.asrd import tasks as T
-from tadm.errors import ConfigError, DataError
+from tadm.errors import ConfigError
 
 
 class CharTokenizer:
@@ -21,24 +19,25 @@ class CharTokenizer:
         return "".join(chr(i + 31) for i in ids if i)
 
 
-def test_reversal_sets_are_deterministic_disjoint_and_scored_exactly():
-    words = [f"w{i}" for i in range(30)]
-    train, held = T.reversal_sets(words, 50, 20, seed=4, min_words=3, max_words=5)
-    again, _ = T.reversal_sets(words, 50, 20, seed=4, min_words=3, max_words=5)
-    assert train.prompts == again.prompts and len(train) == 50 and len(held) == 20
-    assert not set(train.prompts) & set(held.prompts)
-    for p, r in zip(train.prompts, train.responses):
-        line = p.removeprefix(T.REVERSAL_PREFIX).split()
-        assert 3 <= len(line) <= 5 and r.split() == line[::-1]
-    assert held.score(0, " " + held.answers[0] + " ") and not held.score(0, held.answers[0] + " extra")
+@pytest.mark.parametrize("n, words", [(0, "zero"), (7, "seven"), (13, "thirteen"), (40, "forty"), (47, "forty-seven"),
+                                      (100, "one hundred"), (101, "one hundred one"), (347, "three hundred forty-seven"),
+                                      (999, "nine hundred ninety-nine")])
+def test_number_words(n, words):
+    assert T.number_words(n) == words
 
 
-def test_frequent_words_come_from_the_corpus(tmp_path):
-    f = tmp_path / "c.jsonl"
-    f.write_text(json.dumps({"text": "To be, or not to be: that is the Question. To"}) + "\n")
-    assert T.frequent_words(f, 3) == ["to", "be", "is"]  # 3x, 2x, then ties alphabetically
-    with pytest.raises(DataError, match="reversal_vocabulary"):
-        T.frequent_words(f, 50)
+def test_spelling_sets_are_deterministic_hold_out_their_numbers_and_score_words():
+    train, held = T.spelling_sets(200, 30, seed=4, max_number=999)
+    again, held_again = T.spelling_sets(200, 30, seed=4, max_number=999)
+    assert train.prompts == again.prompts and held.prompts == held_again.prompts
+    assert len(train) == 200 and len(held) == 30
+    number = lambda prompt: int(next(w.strip(".?") for w in prompt.split() if w.strip(".?").isdigit()))  # noqa: E731
+    assert not {number(p) for p in train.prompts} & {number(p) for p in held.prompts}
+    assert all(T.number_words(number(p)) == r for p, r in zip(train.prompts, train.responses))
+    i = held.answers.index(max(held.answers, key=len))
+    assert held.score(i, " " + held.answers[i].upper() + " ") and not held.score(i, held.answers[i] + " one")
+    with pytest.raises(ConfigError, match="asrd.spelling_eval"):
+        T.spelling_sets(10, 9, seed=0, max_number=9)
 
 
 def test_the_layout_left_pads_prompts_and_decodes_up_to_eos():

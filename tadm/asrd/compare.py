@@ -17,6 +17,7 @@ low-confidence remasking measured in the same run; model calls, verification cal
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,8 +205,6 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print) -
 
 
 def dataclass_dict(settings: DecodeSettings) -> dict:
-    import dataclasses
-
     return {k: v for k, v in dataclasses.asdict(settings).items() if k != "seed"}
 
 

@@ -30,7 +30,7 @@ import torch
 
 from tadm.data import arithmetic
 from tadm.errors import ConfigError, DataError
-from tadm.io import atomic_write_text, read_jsonl
+from tadm.io import atomic_write_text, read_jsonl, write_manifest
 
 TASKS = ("arithmetic", "spelling")
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -149,11 +149,12 @@ class Layout:
         return texts
 
 
-def manifest(sets: dict[str, TaskSet]) -> dict:
-    return {name: len(s) for name, s in sets.items()}
-
-
-def dump(sets: dict[str, TaskSet], path: Path) -> None:
+def dump(sets: dict[str, TaskSet], out_dir: Path, params: dict) -> dict:
+    """Write the task sets to ``<out_dir>/tasks.jsonl`` (one row per example) and the stage's
+    ``manifest.json`` (counts per set, `params`, file hashes)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     rows = [{"task": s.name, "split": name, "prompt": p, "response": r, "answer": a}
             for name, s in sets.items() for p, r, a in zip(s.prompts, s.responses, s.answers)]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(out_dir / "tasks.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    return write_manifest(out_dir, "asrd_model", {name: len(s) for name, s in sets.items()}, params,
+                          files=[out_dir / "tasks.jsonl"])

@@ -10,7 +10,8 @@ continuous-time NELBO over the response, per response token. AdamW, warm-up then
 The loop is the post-train recipe's (`tadm.posttrain.train._loop`): seeded global batches,
 per-step generators, atomic hash-checked safetensors checkpoints that a changed config, data
 or code refuses to resume, DDP under torchrun. Output: ``models/asrd_mdlm`` (save_pretrained)
-with the task layout in ``asrd.json``, ``data/asrd`` (the generated task sets).
+with the task layout in ``asrd.json``, and ``data/asrd``: the task sets it trained and is
+evaluated on (``tasks.jsonl``) with the stage's ``manifest.json``.
 """
 
 from __future__ import annotations
@@ -94,8 +95,7 @@ def train(p: Params, tokenizer, root: Path = Path("."), log=print) -> dict:
         out = root / MODEL_DIR
         model.eval().save_pretrained(out)
         atomic_write_json(out / "asrd.json", summary["layout"])
-        (root / DATA_DIR).mkdir(parents=True, exist_ok=True)
         T.dump({f"{name}_{split}": s for name, pair in sets.items() for split, s in zip(("train", "eval"), pair)},
-               root / DATA_DIR / "tasks.jsonl")
+               root / DATA_DIR, dataclasses.asdict(a))
         atomic_write_json(root / "metrics" / "asrd" / "train.json", {**summary, "history": history})
     return summary

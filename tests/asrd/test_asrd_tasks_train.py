@@ -68,3 +68,14 @@ def test_the_training_loss_never_masks_the_prompt_and_is_the_response_nelbo(tiny
     assert loss.ndim == 0 and torch.isfinite(loss) and loss > 0
     loss.backward()
     assert model.embed.weight.grad is not None
+
+
+def test_the_task_sets_are_written_with_a_manifest(tmp_path):
+    import json
+
+    train, held = T.spelling_sets(20, 5, seed=0, max_number=99)
+    manifest = T.dump({"spelling_train": train, "spelling_eval": held}, tmp_path / "asrd", {"spelling_max": 99})
+    rows = [json.loads(line) for line in (tmp_path / "asrd" / "tasks.jsonl").read_text().splitlines()]
+    assert len(rows) == 25 and rows[-1]["split"] == "spelling_eval" and rows[0]["response"] == train.responses[0]
+    assert manifest["counts"] == {"spelling_train": 20, "spelling_eval": 5} and list(manifest["sha256"]) == ["tasks.jsonl"]
+    assert json.loads((tmp_path / "asrd" / "manifest.json").read_text()) == manifest

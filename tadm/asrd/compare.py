@@ -119,17 +119,13 @@ class DiffusionGemmaRunner:
     name = "diffusiongemma"
 
     def __init__(self, p: Params, root: Path, device):
-        from tadm.data.tokenizer import load_tokenizer
-        from tadm.posttrain import model as dgm
+        from tadm.posttrain import table1
 
-        source = dgm.base_source(p, root)
-        base = dgm.load_base(source, p.posttrain.precision, device)
-        self.tadm = dgm.build_tadm(base, p)
-        dgm.load_fusion(self.tadm, root / dgm.TADM_DIR)
-        self.tadm.fusion.to(dtype=base.dtype).eval()
-        self.tok = load_tokenizer(source)
-        self.eos = self.tok.eos_token_id
-        self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos
+        # Table 1's loading (base, split, trained fusion, tokenizer) and its prompt encoding /
+        # completion decoding
+        methods, tok = table1.build_methods(p, root, device)
+        self.tadm = methods[0].tadm
+        self.io = table1.Runner(p, tok, [], device)
         self.canvas, self.batch = p.posttrain.canvas_length, p.asrd.batch_size
 
     def backend(self, refresh_every: int) -> Backend:
@@ -137,19 +133,14 @@ class DiffusionGemmaRunner:
         return DiffusionGemmaBackend(self.tadm.split, fusion, refresh_every)
 
     def run(self, backend: DiffusionGemmaBackend, task: T.TaskSet, settings: DecodeSettings, tally: Tally) -> float:
-        from tadm.posttrain.data import left_pad
-
-        ids = self.tok(list(task.prompts), add_special_tokens=False)["input_ids"]
         region = torch.ones(self.canvas, dtype=torch.bool)
         texts = []
         for lo in range(0, len(task), self.batch):
-            context, mask = left_pad(ids[lo: lo + self.batch], self.pad)
-            backend.set_context(context.to(backend.device), mask.to(backend.device))
-            canvas = torch.full((len(context), self.canvas), self.pad, dtype=torch.long)
+            context, mask = self.io.encode(task.prompts[lo: lo + self.batch])
+            backend.set_context(context, mask)
+            canvas = torch.full((len(context), self.canvas), self.io.pad, dtype=torch.long)
             r = decode(backend, canvas, region, settings)
-            for row in r.tokens.cpu().tolist():
-                row = row[: row.index(self.eos)] if self.eos in row else row
-                texts.append(self.tok.decode(row, skip_special_tokens=True))
+            texts += self.io.decode(r.tokens.cpu(), 0)
             _count(tally, r, r.tokens.numel())
         return _score(task, texts, tally)
 

@@ -143,11 +143,16 @@ def blocks_of(region: Tensor, block_size: int | None) -> list[Tensor]:
     return [idx[i: i + size] for i in range(0, idx.numel(), size)]
 
 
+def _entropy(probs: Tensor) -> Tensor:
+    """Entropy (nats) of each distribution in probs (..., V)."""
+    return -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(-1)
+
+
 def _choose(logits: Tensor, temperature: float, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(token, its confidence, argmax, entropy), each (B, L), from logits (B, L, V)."""
     probs = torch.softmax(logits, dim=-1)
     conf_max, pred = probs.max(-1)
-    entropy = -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(-1)
+    entropy = _entropy(probs)
     if temperature == 0.0:
         return pred, conf_max, pred, entropy
     tempered = torch.softmax(logits / temperature, dim=-1)
@@ -226,9 +231,9 @@ class _Run:
         ids = backend.fill(self.z, undecided, self.gen)
         delta = self.guidance(undecided)
         token, conf, pred, entropy = _choose(backend.logits(ids, delta), cfg.temperature, self.gen)
-        if self.atc is not None:
-            observed = self.region & (undecided | torch.full_like(undecided, backend.reads_decided))
-            self.atc.observe(torch.where(undecided | backend.reads_decided, pred, self.z), entropy, observed)
+        if self.atc is not None:  # decided positions are predictions only on a uniform-state model
+            readable = undecided | backend.reads_decided
+            self.atc.observe(torch.where(readable, pred, self.z), entropy, self.region & readable)
         candidates = undecided & active
         if steps_left == 1:
             commit = candidates
@@ -266,7 +271,7 @@ class _Run:
         # survivor counts one more consistent pass (and, after k, is an anchor: no more checks)
         pred, entropy = self.z.clone(), torch.zeros_like(atc.entropy)
         pred[pending] = rows.argmax(-1)
-        entropy[pending] = -(rows * torch.log(rows.clamp_min(torch.finfo(rows.dtype).tiny))).sum(-1)
+        entropy[pending] = _entropy(rows)
         atc.observe(pred, entropy, pending)
         flipped = torch.zeros_like(pending)
         flipped[pending] = ~survivors(rows, tokens)

@@ -296,9 +296,21 @@ class AsrdConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """Where and how every stage runs (tadm.runtime): one device setting for all of them."""
+
+    device: str = "auto"  # auto (CUDA when present, else CPU) | cpu | cuda | cuda:N
+    precision: Literal["bf16", "fp32"] = "bf16"  # autocast of sampling and scoring on GPU (CPU: fp32)
+    tf32: bool = True  # TF32 matmuls on Ampere and newer GPUs
+    nproc: int = spec(1, ge=1)  # processes per node: > 1 runs train / sampling / scoring under torchrun
+    compile: bool = False  # torch.compile the network that trains
+
+
+@dataclass
 class Params:
     profile: str = spec("default", nonempty=True)
     seed: int = spec(0, ge=0)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     packing: PackingConfig = field(default_factory=PackingConfig)
@@ -437,6 +449,13 @@ def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
 
 class _CROSS_CHECKS:
     """Constraints that involve several keys of one section."""
+
+    @staticmethod
+    def RuntimeConfig(c: RuntimeConfig, p: str, src: str) -> None:
+        import re
+
+        if not re.match(r"^(auto|cpu|cuda|cuda:\d+)$", c.device):
+            raise ConfigError(f"{p}.device", f"must be auto, cpu, cuda or cuda:N, got {c.device!r}", src)
 
     @staticmethod
     def TokenizerConfig(c: TokenizerConfig, p: str, src: str) -> None:

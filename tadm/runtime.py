@@ -1,0 +1,176 @@
+"""Where and how a stage runs: the device, the precision, the process group.
+
+One setting, the ``runtime`` section of params.yaml, says it for every stage (train, sample,
+sweep, staleness, compute column, scoring, dg_base, dg_posttrain, table1, asrd):
+
+    runtime.device     auto (CUDA when present, else CPU) | cpu | cuda | cuda:N
+    runtime.precision  bf16 | fp32: autocast of sampling and scoring on a GPU (CPU: always fp32)
+    runtime.tf32       TF32 matmuls / convolutions on Ampere and newer GPUs
+    runtime.nproc      processes per node; >1 relaunches a stage under torchrun
+    runtime.compile    torch.compile the network that trains
+
+Every stage calls :func:`setup` once; it resolves the device (under torchrun each process
+takes ``cuda:LOCAL_RANK``), sets the TF32 flags and joins the process group torchrun describes
+(nccl on GPU, gloo on CPU). Work is split across processes with :func:`shard` (item i goes to
+rank i mod world) and put back in order with :func:`gather`, so a stage's outputs do not depend
+on the number of processes. This is the only module that names a device type as a string.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, ContextManager, Sequence
+
+import torch
+import torch.distributed as dist
+
+from tadm.errors import ConfigError, TadmError
+
+CPU = torch.device("cpu")
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+@dataclass
+class Dist:
+    """This process's place in the run: rank, world size and its device."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: CPU)
+    precision: str = "fp32"  # autocast of inference on `device` ("bf16" only takes effect on CUDA)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self) -> ContextManager:
+        return autocast(self.device, self.precision)
+
+
+def under_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def resolve_device(setting: str = "auto") -> torch.device:
+    """`runtime.device` as a torch.device. Under torchrun, "auto" and "cuda" take
+    ``cuda:LOCAL_RANK``; asking for CUDA where there is none is a one-line ConfigError."""
+    if not DEVICE_PATTERN.match(setting):
+        raise ConfigError("runtime.device", f"must be auto, cpu, cuda or cuda:N, got {setting!r}")
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return CPU
+    if not torch.cuda.is_available():
+        raise ConfigError("runtime.device", f"{setting!r} asked for, but torch sees no CUDA device "
+                          "(torch.cuda.is_available() is False); use auto or cpu")
+    index = int(setting.split(":")[1]) if ":" in setting else int(os.environ.get("LOCAL_RANK", "0"))
+    if index >= torch.cuda.device_count():
+        raise ConfigError("runtime.device", f"cuda:{index} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return torch.device("cuda", index)
+
+
+def configure_backends(tf32: bool = True) -> None:
+    """TF32 on (or off) for CUDA matmuls and cuDNN convolutions."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def setup(rt: Any = None) -> Dist:
+    """Resolve the device of `rt` (a RuntimeConfig; None = auto / bf16 / TF32), set the
+    backend flags and join torchrun's process group when there is one."""
+    device_setting = getattr(rt, "device", "auto")
+    precision = getattr(rt, "precision", "bf16")
+    device = resolve_device(device_setting)
+    if device.type == "cuda":
+        configure_backends(getattr(rt, "tf32", True))
+        torch.cuda.set_device(device)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist(0, 1, device, precision)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), device, precision)
+
+
+def autocast(device: torch.device, precision: str = "bf16") -> ContextManager:
+    """bf16 autocast on CUDA when `precision` is "bf16"; otherwise nothing (fp32)."""
+    if precision == "bf16" and torch.device(device).type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels (timing); a no-op on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def host(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's values on the host (for saving, numpy, JSON)."""
+    return t.detach().to(CPU)
+
+
+# ----------------------------------------------------------------------------- work split
+
+
+def shard(n: int, d: Dist) -> list[int]:
+    """The items of 0..n-1 that process `d.rank` does: i mod world == rank."""
+    return list(range(d.rank, n, d.world))
+
+
+def gather(mine: Sequence[Any], n: int, d: Dist) -> list[Any]:
+    """Every process's `mine` (its :func:`shard` of n items, in order) put back into item order
+    0..n-1, on every process."""
+    if d.world == 1:
+        return list(mine)
+    parts: list[Any] = [None] * d.world
+    dist.all_gather_object(parts, list(mine))
+    out: list[Any] = [None] * n
+    for rank, part in enumerate(parts):
+        for j, item in enumerate(part):
+            out[rank + j * d.world] = item
+    return out
+
+
+def all_mean(value: float, d: Dist) -> float:
+    if d.world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=d.device)
+    dist.all_reduce(t)
+    return t.item() / d.world
+
+
+def barrier(d: Dist) -> None:
+    if d.world > 1:
+        dist.barrier()
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+def torchrun_argv(nproc: int, module_argv: Sequence[str]) -> list[str]:
+    """The command that runs ``python -m <module_argv>`` as `nproc` processes on this node."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", *module_argv]
+
+
+def relaunch(nproc: int, module_argv: Sequence[str]) -> bool:
+    """Run ``python -m <module_argv>`` under torchrun with `nproc` processes and wait for it.
+
+    Returns False (and does nothing) when one process is asked for or this process already
+    belongs to a torchrun group (multi-node runs call torchrun themselves, README). A failed
+    child is a TadmError naming the command."""
+    if nproc <= 1 or under_torchrun():
+        return False
+    argv = torchrun_argv(nproc, module_argv)
+    rc = subprocess.call(argv)
+    if rc != 0:
+        raise TadmError(f"`{' '.join(argv[1:])}` failed with exit code {rc} (its processes printed why above)")
+    return True
+
+
+__all__ = ["Dist", "setup", "resolve_device", "autocast", "synchronize", "host", "shard", "gather", "all_mean",
+           "barrier", "relaunch", "torchrun_argv", "under_torchrun", "configure_backends", "CPU"]

@@ -1,0 +1,415 @@
+"""GPU check: does the paper profile's code train, resume, sample, score and post-train on this
+machine's accelerator, and how fast? One command, one table (benchmarks/gpu_check runs it).
+
+    (a) paper-arch MDLM and TADM training in bf16 through the real trainer: tokens/s and model
+        FLOPs utilisation (FLOPs counted by torch's FlopCounterMode on one real step)
+    (b) kill (SIGKILL) and resume of a training run on the device: weights after resume vs an
+        uninterrupted run (and run-to-run, to separate resume bugs from kernel nondeterminism)
+    (c) sampling at the paper architecture, T = 2048, K = 1, 2, 4, 8, ddpm_cache off: tokens/s
+        and measured / FLOP-bound speed-up vs MDLM and vs ADLM, at batch 1 (the whole T) and at
+        the largest batch that fits (timed over `--big-steps` steps; tokens/s normalised to T)
+    (d) one scoring batch (Gen PPL + MAUVE features from one forward) with a GPT-2-Large-shaped
+        random evaluator in bf16
+    (e) one TADM:Post-train step (fusion training on rollouts, CE + KD) and one `generate` of a
+        small random DiffusionGemma with anchor reuse
+
+Random weights everywhere: speed does not depend on them, and nothing is downloaded.
+`--smoke` runs every section at micro sizes on whatever device there is (the test suite runs
+it on the CPU so that this script cannot rot between GPU sessions).
+
+    python benchmarks/gpu_check.py --out benchmarks/results          # on a GPU machine
+    python benchmarks/gpu_check.py --smoke                             # anywhere, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tadm import config, runtime  # noqa: E402
+
+# dense bf16 tensor-core peaks (TFLOP/s, no sparsity) for the MFU column
+PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.2}
+PAPER_TADM_TOK_S = 37.42  # the paper's TADM sampling throughput (Table 2, T = 2048)
+
+
+class Table:
+    """Rows of (section, check, value, note); printed as Markdown."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, section: str, check: str, value, note: str = "") -> None:
+        if isinstance(value, float):
+            value = f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+        self.rows.append({"section": section, "check": check, "value": str(value), "note": note})
+        print(f"[{section}] {check}: {value} {note}", flush=True)
+
+    def markdown(self, head: str) -> str:
+        lines = [f"<!-- {head} -->", "| section | check | value | note |", "|---|---|---|---|"]
+        lines += [f"| {r['section']} | {r['check']} | {r['value']} | {r['note']} |" for r in self.rows]
+        return "\n".join(lines)
+
+
+def paper_params(smoke: bool, **changes) -> config.Params:
+    """The paper profile (micro sizes with --smoke), with dotted-key changes."""
+    p = config.from_dict(config.render_profile("micro" if smoke else "paper"))
+    return config.override(p, changes)
+
+
+def peak_flops(device: torch.device, override: float | None) -> float | None:
+    if override:
+        return override * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in PEAK_TFLOPS.items():
+        if key in name:
+            return tflops * 1e12
+    return None
+
+
+def write_packed(root: Path, vocab: int, seq_len: int, n_train: int, n_valid: int) -> Path:
+    """Random token shards in the pack stage's layout (shards + manifest.json)."""
+    from tadm.data.packing import token_dtype
+    from tadm.io import write_manifest
+
+    out = root / "packed"
+    rng = np.random.default_rng(0)
+    dtype = token_dtype(vocab)
+    for split, n in (("train", n_train), ("validation", n_valid)):
+        (out / split).mkdir(parents=True, exist_ok=True)
+        np.save(out / split / "shard_00000.npy", rng.integers(0, vocab - 1, (n, seq_len)).astype(dtype))
+    counts = {"train": {"sequences": n_train}, "validation": {"sequences": n_valid}, "seq_len": seq_len,
+              "dtype": np.dtype(dtype).name, "vocab_size": vocab, "bos_id": vocab - 1, "eos_id": vocab - 1}
+    write_manifest(out, "pack", counts, {"seq_len": seq_len, "synthetic": True})
+    return out
+
+
+def step_flops(method, model, x: torch.Tensor, device: torch.device) -> float:
+    """FLOPs of one training step (forward + backward) on batch x, counted by torch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    with FlopCounterMode(display=False) as fc, runtime.autocast(device, "bf16"):
+        loss = method.loss(model, x, gen, progress=0.5).float().sum() / x.numel()
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(fc.get_total_flops())
+
+
+# ----------------------------------------------------------------------------- (a) training
+
+
+def check_training(t: Table, args, device: torch.device, work: Path) -> None:
+    from tadm.train.methods import get_method
+    from tadm.train.trainer import train
+
+    p = paper_params(args.smoke, **{"train.steps": args.train_steps, "train.global_batch": args.train_batch,
+                                    "train.log_every": max(1, args.train_steps // 3), "train.eval_every": 10**6,
+                                    "train.eval_sequences": 2, "train.checkpoint_every": 10**6,
+                                    "train.warmup_steps": 1, "runtime.compile": args.compile})
+    vocab, L = p.tokenizer.vocab_size, p.packing.seq_len
+    data = write_packed(work, vocab, L, n_train=max(64, 2 * p.train.global_batch), n_valid=4)
+    peak = peak_flops(device, args.peak_tflops)
+    for name in ("mdlm", "tadm"):
+        method = get_method(name, p)
+        model = method.build_model(vocab, L).to(device)
+        x = torch.randint(0, vocab, (p.train.micro_batch, L), device=device)
+        per_token = step_flops(method, model, x, device) / x.numel()
+        del model
+        summary = train(name, p, data_dir=data, root=work / "train", log=lambda *_: None)
+        tps = summary["train_tokens_per_s"]
+        t.add("a train", f"{name} tokens/s (bf16, micro {p.train.micro_batch} x L {L})", float(tps),
+              f"{per_token / 1e9:.2f} GFLOP/token counted")
+        if peak:
+            t.add("a train", f"{name} MFU", f"{100 * tps * per_token / peak:.1f}%", "target >= 40%")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- (b) kill and resume
+
+
+def _run_train(params_file: Path, data: Path, root: Path, kill_after: Path | None = None) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    cmd = [sys.executable, "-m", "tadm", "--params", str(params_file), "train", "mdlm", "--data", str(data)]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if kill_after is not None:
+        deadline = time.time() + 300
+        while not kill_after.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return
+    _, err = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"train exited {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
+
+
+def check_resume(t: Table, args, device: torch.device, work: Path) -> None:
+    import yaml
+    from safetensors.torch import load_file
+
+    steps = 8
+    p = paper_params(True, **{"train.steps": steps, "train.checkpoint_every": 2, "train.eval_every": 4,
+                              "train.log_every": 2, "runtime.device": str(device) if device.type == "cuda" else "cpu",
+                              "runtime.nproc": 1, "model.d_model": 128 if not args.smoke else 32,
+                              "model.n_heads": 4 if not args.smoke else 2})
+    params_file = work / "resume_params.yaml"
+    params_file.write_text(yaml.safe_dump(config.to_dict(p), sort_keys=False))
+    data = write_packed(work / "resume", p.tokenizer.vocab_size, p.packing.seq_len, n_train=64, n_valid=4)
+    weights = []
+    for run in ("a", "b", "killed"):
+        root = work / f"resume_{run}"
+        root.mkdir()
+        if run == "killed":
+            _run_train(params_file, data, root, kill_after=root / "checkpoints" / "mdlm" / "step_000004")
+            if (root / "models" / "mdlm").exists():
+                t.add("b resume", "kill", "run finished before the kill", "inconclusive")
+        _run_train(params_file, data, root)
+        weights.append(load_file(str(root / "models" / "mdlm" / "model.safetensors")))
+
+    def max_diff(u, v):
+        return max(float((u[k].float() - v[k].float()).abs().max()) for k in u)
+
+    run_to_run, resumed = max_diff(weights[0], weights[1]), max_diff(weights[0], weights[2])
+    t.add("b resume", "max |w_resumed - w_uninterrupted|", resumed, "identical" if resumed == 0 else "differs")
+    t.add("b resume", "max |w_run1 - w_run2| (no kill)", run_to_run,
+          "deterministic kernels" if run_to_run == 0 else "kernel nondeterminism bound")
+
+
+# ----------------------------------------------------------------------------- (c) sampling
+
+
+def _paper_models(p: config.Params, device: torch.device, dtype: torch.dtype):
+    from tadm.models import build_model
+
+    torch.manual_seed(0)
+    out = {}
+    for kind in ("mdlm", "adlm", "tadm"):
+        m = build_model(kind, p.model, p.tokenizer.vocab_size, p.packing.seq_len)
+        for prm in m.parameters():  # non-degenerate random weights (the zero init is uniform)
+            torch.nn.init.normal_(prm, std=0.02)
+        out[kind] = m.to(device=device, dtype=dtype).eval()
+    return out
+
+
+def _sample_once(models, name: str, k: int | None, steps: int, batch: int, L: int, device, precision: str):
+    from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
+
+    settings = SamplerSettings(sampler="mdlm", steps=steps, nucleus_p=0.9, ddpm_cache=False)
+    adapter = make_adapter(models[name], FixedInterval(k)) if k else make_adapter(models[name])
+    with adapter, runtime.autocast(device, precision), torch.no_grad():
+        runtime.synchronize(device)
+        t0 = time.perf_counter()
+        res = sample(adapter, settings, num_samples=batch, seq_len=L,
+                     generator=torch.Generator(device=device).manual_seed(0))
+        runtime.synchronize(device)
+    return time.perf_counter() - t0, res.counters.flops
+
+
+def _largest_batch(models, L: int, device, precision: str, cap: int) -> int:
+    """Double the batch until a 2-step sample of the heaviest method runs out of memory."""
+    if device.type != "cuda":
+        return min(cap, 4)
+    best, b = 1, 1
+    while b <= cap:
+        try:
+            for name, k in (("adlm", None), ("tadm", 1)):
+                _sample_once(models, name, k, 2, b, L, device, precision)
+            best, b = b, b * 2
+        except torch.OutOfMemoryError:
+            break
+        finally:
+            torch.cuda.empty_cache()
+    return best
+
+
+def check_sampling(t: Table, args, device: torch.device) -> None:
+    p = paper_params(args.smoke)
+    L = p.packing.seq_len
+    models = _paper_models(p, device, torch.float32)
+    runs = [("mdlm", None), ("adlm", None)] + [("tadm", k) for k in (1, 2, 4, 8)]
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    big = _largest_batch(models, L, device, precision, args.max_batch)
+    for batch, steps in ((1, args.sample_steps), (big, min(args.big_steps, args.sample_steps))):
+        secs, flops = {}, {}
+        for name, k in runs:  # warm-up (kernels, allocator), then the timed run
+            _sample_once(models, name, k, 8, batch, L, device, precision)
+        for name, k in runs:
+            label = name if k is None else f"tadm K={k}"
+            secs[label], flops[label] = _sample_once(models, name, k, steps, batch, L, device, precision)
+        for label in secs:
+            per_step = secs[label] / steps
+            tps = batch * L / (per_step * args.sample_steps)  # tokens/s at the full budget T
+            cells = [f"{tps:,.1f} tok/s"]
+            for ref in ("mdlm", "adlm"):
+                measured, bound = secs[ref] / secs[label], flops[ref] / flops[label]
+                cells.append(f"vs {ref.upper()} {measured:.2f}x / bound {bound:.2f}x = {measured / bound:.2f}")
+            note = "; ".join(cells[1:])
+            if label.startswith("tadm") and batch == 1:
+                note += f"; {tps / PAPER_TADM_TOK_S:.1f}x the paper's {PAPER_TADM_TOK_S} tok/s"
+            t.add("c sample", f"{label} batch {batch} T={args.sample_steps}"
+                  + ("" if steps == args.sample_steps else f" (timed {steps} steps)"), cells[0], note)
+    del models
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- (d) scoring
+
+
+def check_scoring(t: Table, args, device: torch.device) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tadm.metrics.evaluator import Evaluator
+    from tadm.metrics.gen_ppl import gen_ppl_ids
+
+    shape = dict(n_layer=2, n_embd=64, n_head=2) if args.smoke else dict(n_layer=36, n_embd=1280, n_head=20)
+    cfg = GPT2Config(vocab_size=50257, n_positions=1024, **shape)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(cfg).to(device=device, dtype=dtype).eval()
+    ev = Evaluator(model=model, tokenizer=None, eos_id=50256, context_length=1024, name="gpt2-large-shaped", source="random")
+    n, L = (4, 64) if args.smoke else (args.score_batch, 1024)
+    rng = np.random.default_rng(0)
+    seqs = [list(map(int, rng.integers(0, 50256, L))) for _ in range(n)]
+    gen_ppl_ids(seqs[:2], ev, batch_size=2)  # warm-up
+    runtime.synchronize(device)
+    t0 = time.perf_counter()
+    out = gen_ppl_ids(seqs, ev, batch_size=n)
+    runtime.synchronize(device)
+    secs = time.perf_counter() - t0
+    t.add("d score", f"Gen PPL batch of {n} x {L} tokens ({'bf16' if dtype == torch.bfloat16 else 'fp32'})",
+          f"{n * L / secs:,.0f} tok/s", f"ppl {out.ppl:.4g} (random weights: ~V)")
+    del model
+
+
+# ----------------------------------------------------------------------------- (e) post-train
+
+
+def check_posttrain(t: Table, args, device: torch.device) -> None:
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from tadm.posttrain.anchored import sampling_kwargs
+    from tadm.posttrain.data import CanvasBatch
+    from tadm.posttrain.model import build_tadm, small_config
+    from tadm.posttrain.objective import Rollout, posttrain_loss
+
+    p = config.from_dict(config.render_profile("micro" if args.smoke else "default"))
+    pt, vocab = p.posttrain, 512
+    torch.manual_seed(0)
+    base = DiffusionGemmaForBlockDiffusion(small_config(p, vocab, eos_id=1, pad_id=0))
+    base = base.to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    base.eval().requires_grad_(False)
+    tadm = build_tadm(base, p)
+    fusion, split = tadm.fusion.float(), tadm.split
+    opt = torch.optim.AdamW(fusion.parameters(), lr=pt.lr, **({"fused": True} if device.type == "cuda" else {}))
+    B, P, C = 2, 16, pt.canvas_length
+    gen = torch.Generator(device=device).manual_seed(0)
+    batch = CanvasBatch(torch.randint(2, vocab, (B, P), generator=gen, device=device),
+                        torch.ones(B, P, dtype=torch.bool, device=device),
+                        torch.randint(2, vocab, (B, C), generator=gen, device=device),
+                        torch.full((B,), 0.5, device=device))
+    rollout = Rollout(pt.sample_steps, pt.entropy_bound, tuple(pt.temperature), C, vocab)
+    cfg = dataclasses.replace(pt, cache_age_probs=[0.0, 0.0, 1.0])  # the full rollout path (age 2)
+    t0 = time.perf_counter()
+    with runtime.autocast(device, "bf16"):
+        loss, parts = posttrain_loss(split, fusion, batch, gen, cfg, rollout)
+    loss.backward()
+    opt.step()
+    runtime.synchronize(device)
+    t.add("e posttrain", "fusion step (age 2 rollout, CE + KD)", f"loss {float(loss):.3f}",
+          f"{time.perf_counter() - t0:.2f} s; finite: {math.isfinite(float(loss))}")
+    ids = torch.randint(2, vocab, (B, P), generator=gen, device=device)
+    kw = sampling_kwargs(4 if args.smoke else pt.sample_steps, pt.entropy_bound, tuple(pt.temperature), C, 1, 0)
+    with torch.no_grad(), runtime.autocast(device, "bf16"):
+        runtime.synchronize(device)
+        t0 = time.perf_counter()
+        out = tadm.generate(ids, attention_mask=torch.ones_like(ids, dtype=torch.bool), refresh_every=2, **kw)
+        runtime.synchronize(device)
+    seqs = out.sequences
+    t.add("e posttrain", "generate with anchor reuse (K=2)", f"{tuple(seqs.shape)}",
+          f"{time.perf_counter() - t0:.2f} s on {seqs.device}")
+
+
+# ----------------------------------------------------------------------------- main
+
+SECTIONS = {"a": check_training, "b": check_resume, "c": check_sampling, "d": check_scoring, "e": check_posttrain}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="micro sizes, any device (the test suite runs this)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    ap.add_argument("--sections", default="abcde", help="which checks to run (letters of a-e)")
+    ap.add_argument("--train-steps", type=int, default=12)
+    ap.add_argument("--train-batch", type=int, default=64, help="global batch of the throughput run")
+    ap.add_argument("--compile", action="store_true", help="runtime.compile for the training check")
+    ap.add_argument("--sample-steps", type=int, default=2048, help="T of the sampling check")
+    ap.add_argument("--big-steps", type=int, default=64, help="steps timed at the largest batch")
+    ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--score-batch", type=int, default=16)
+    ap.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: by GPU name)")
+    ap.add_argument("--out", default=None, help="write gpu_check.{md,json} into this directory")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.train_steps, args.train_batch = min(args.train_steps, 3), min(args.train_batch, 8)
+        args.sample_steps, args.big_steps, args.max_batch = min(args.sample_steps, 8), 4, 4
+
+    device = runtime.resolve_device(args.device)
+    if device.type == "cuda":
+        runtime.configure_backends(True)
+        torch.cuda.set_device(device)
+    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+    head = f"gpu_check{' --smoke' if args.smoke else ''} on {hw}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+    print(head, flush=True)
+    t, failures = Table(), 0
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        for key in args.sections:
+            t0 = time.perf_counter()
+            try:
+                if key in "ab":
+                    (Path(tmp) / key).mkdir()
+                    SECTIONS[key](t, args, device, Path(tmp) / key)
+                else:
+                    SECTIONS[key](t, args, device)
+            except Exception as e:  # noqa: BLE001 - report and go on: one table for every section
+                failures += 1
+                traceback.print_exc()
+                t.add(key, "FAILED", f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+            t.add(key, "section seconds", f"{time.perf_counter() - t0:.1f}")
+    t.add("all", "total seconds", f"{time.perf_counter() - start:.1f}", f"{failures} section(s) failed")
+    table = t.markdown(head)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = "gpu_check_smoke" if args.smoke else "gpu_check"
+        (out / f"{stem}.md").write_text(table + "\n")
+        (out / f"{stem}.json").write_text(json.dumps({"setup": head, "rows": t.rows}, indent=1) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

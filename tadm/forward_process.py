@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tadm.runtime import CPU
+
 from tadm.schedule import NoiseSchedule
 
 # App. C.2: anchor refresh intervals K and sampling-step budgets T drawn during pretraining.
@@ -42,7 +44,7 @@ def sample_times(
     eps: float,
     antithetic: bool,
     generator: torch.Generator,
-    device: torch.device | str = "cpu",
+    device: torch.device | str = CPU,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Diffusion times t in [eps, 1), shape (batch,).

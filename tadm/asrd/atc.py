@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tadm.runtime import CPU
+
 
 class AnchorTokensCache:
     """Per-sequence anchor tokens of one batched trajectory; ``start`` before each trajectory."""
@@ -35,7 +37,7 @@ class AnchorTokensCache:
         self.entropy: Tensor | None = None  # (B, L) float, entropy of the latest observed prediction
         self.member: Tensor | None = None  # (B, L) bool
 
-    def start(self, shape: tuple[int, int], device: torch.device | str = "cpu") -> None:
+    def start(self, shape: tuple[int, int], device: torch.device | str = CPU) -> None:
         self.streak = torch.zeros(shape, dtype=torch.long, device=device)
         self.last_pred = torch.full(shape, -1, dtype=torch.long, device=device)
         self.entropy = torch.full(shape, float("inf"), dtype=torch.float32, device=device)

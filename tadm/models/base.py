@@ -22,6 +22,7 @@ from typing import Iterable, Mapping
 import torch
 import torch.nn as nn
 
+from tadm import runtime
 from tadm.config import ModelConfig
 from tadm.errors import DataError
 from tadm.io import atomic_path
@@ -92,7 +93,7 @@ class TadmModel(nn.Module):
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
+        tensors = {k: runtime.host(v).contiguous() for k, v in self.state_dict().items()}
         with atomic_path(directory / WEIGHTS_FILE) as tmp:
             # one metadata key only: safetensors writes its metadata map in hash order, so two
             # keys would make the bytes of identical weights differ from run to run
@@ -166,7 +167,7 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint weights {str(path)!r} do not exist")
     try:
-        return load_file(str(path), device="cpu")
+        return load_file(str(path))
     except Exception as e:  # SafetensorError, OSError, ... : truncated, corrupted or not safetensors
         raise CheckpointError(
             f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): "
@@ -242,7 +243,7 @@ def read_checkpoint_config(directory: str | Path) -> tuple[str, ModelConfig, int
     return raw["model_type"], cfg, raw["vocab_size"], raw["seq_len"]
 
 
-def load_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> TadmModel:
+def load_pretrained(directory: str | Path, map_location: str | torch.device = runtime.CPU) -> TadmModel:
     """Rebuild the model saved in `directory` and load its weights strictly.
 
     The model is returned in eval mode on `map_location`. Any problem raises CheckpointError
@@ -250,9 +251,10 @@ def load_pretrained(directory: str | Path, map_location: str | torch.device = "c
     """
     model_type, cfg, vocab_size, seq_len = read_checkpoint_config(directory)
     tensors = read_safetensors(Path(directory) / WEIGHTS_FILE)
-    model = build_model(model_type, cfg, vocab_size, seq_len)
+    with torch.device(map_location):  # built where it runs: no host copy of the weights on a GPU
+        model = build_model(model_type, cfg, vocab_size, seq_len)
     model.load_tensors(tensors, source=str(Path(directory) / WEIGHTS_FILE))
-    return model.to(map_location).eval()
+    return model.eval()
 
 
 # --------------------------------------------------------------------------- counting

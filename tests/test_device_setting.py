@@ -1,0 +1,58 @@
+"""The device is one setting (params `runtime`, tadm.runtime): no module names a device type by
+itself, and the code paths that run on a GPU create no tensor without an explicit device."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from tadm import config, runtime
+from tadm.errors import ConfigError
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tadm"
+
+
+def _device_literals(path: Path) -> list[int]:
+    """Lines of `path` that hold a "cpu" / "cuda" string constant (docstrings and comments aside)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings and n.value.split(":")[0] in ("cpu", "cuda")]
+
+
+def test_no_module_hard_codes_a_device():
+    offenders = {str(f.relative_to(PACKAGE.parent)): lines for f in sorted(PACKAGE.rglob("*.py"))
+                 if f.name != "runtime.py" and (lines := _device_literals(f))}
+    assert not offenders, f"device strings outside tadm/runtime.py (use runtime.setup / tensor.device): {offenders}"
+
+
+def test_auto_resolves_to_the_cpu_here_and_cuda_is_refused_without_one():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine")
+    assert runtime.resolve_device("auto") == runtime.CPU
+    with pytest.raises(ConfigError, match="runtime.device"):
+        runtime.resolve_device("cuda")
+    with pytest.raises(ConfigError, match="runtime.device"):
+        config.override(config.load(config.PARAMS_FILE), {"runtime.device": "gpu0"})
+
+
+def test_every_profile_has_the_runtime_section():
+    for name in config.available_profiles():
+        p = config.from_dict(config.render_profile(name))
+        assert p.runtime.device == "auto"
+    assert config.from_dict(config.render_profile("paper")).runtime.nproc > 1
+
+
+def test_shard_and_gather_put_items_back_in_order():
+    n = 11
+    parts = [runtime.shard(n, runtime.Dist(rank=r, world=3)) for r in range(3)]
+    assert sorted(i for p in parts for i in p) == list(range(n))
+    # what gather does across processes, done by hand: rank r's j-th item is item r + 3 j
+    out = [None] * n
+    for r, part in enumerate(parts):
+        for j, item in enumerate(part):
+            out[r + j * 3] = item
+    assert out == list(range(n))

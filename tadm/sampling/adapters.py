@@ -1,7 +1,8 @@
 """One call for every model: the network body, then its output head where the sampler reads.
 
     hidden = adapter.features(z_t, step, t)        # (B, L, d): the network up to the LM head
-    logits = adapter.project(hidden, rows)         # (N, V+1) at rows (B, L) bool; rows=None: (B, L, V+1)
+    logits = adapter.project(hidden, rows)         # (N, V+1) at rows: flat indices (N,) into (B, L), or a
+                                                   # (B, L) bool mask; rows=None: (B, L, V+1)
     logits = adapter(z_t, step, t)                 # both, on every position
 
 The samplers only ever see these calls. An adapter wraps a loaded model, puts it in eval mode,
@@ -32,6 +33,11 @@ is what the model would return now only if the policy would *not* refresh at thi
 canvas, same h), so `can_reuse` returns False exactly when a refresh is due; a skipped step
 never touches the cache (no refresh, no age bookkeeping), so refreshes happen at the same
 steps with and without ddpm_cache.
+
+Host reads: whether a refresh is due can depend on the data (`AdaptiveDrift`). The loop asks
+`due_flag(z_t, step)` first (a bool, or a 0-dim tensor it reads together with the rest of the
+step's values, `tadm.sampling.base`) and hands the answer back with `decide`; `can_reuse` and
+`hidden` at that step then use it instead of reading the device again.
 """
 
 from __future__ import annotations
@@ -78,12 +84,14 @@ class Adapter(abc.ABC):
             return self.hidden(z_t, step, t)
 
     def project(self, hidden: Tensor, rows: Tensor | None = None) -> Tensor:
-        """The output head (counted) on every position, (B, L, V+1), or only at `rows` (B, L)
-        bool, (N, V+1) in row-major order."""
+        """The output head (counted) on every position, (B, L, V+1), or only at `rows`, (N, V+1):
+        `rows` the flat indices (N,) into (B, L) (gathered without a host read), or a (B, L)
+        bool mask (row-major order; boolean indexing reads the device)."""
         with self.counter.counting():
             if rows is None:
                 return self.model.head(hidden)
-            return self.model.head(hidden[rows].unsqueeze(0)).squeeze(0)
+            picked = hidden[rows] if rows.dtype == torch.bool else hidden.flatten(0, 1).index_select(0, rows)
+            return self.model.head(picked.unsqueeze(0)).squeeze(0)
 
     @abc.abstractmethod
     def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
@@ -93,6 +101,15 @@ class Adapter(abc.ABC):
         """Whether the previous output, computed on this same canvas, is exactly what a call
         at `step` would return (ddpm_cache). True for stateless models."""
         return True
+
+    def due_flag(self, z_t: Tensor, step: int) -> bool | Tensor:
+        """Whether the model's state must be recomputed before serving `step` (TADM: an anchor
+        refresh): a bool, or a 0-dim bool tensor when it depends on data the host has not read.
+        False for stateless models. Pure."""
+        return False
+
+    def decide(self, z_t: Tensor, step: int, due: bool) -> None:
+        """The host value of `due_flag(z_t, step)`, for `can_reuse` / `hidden` at this step."""
 
     @property
     def refresh_steps(self) -> list[int] | None:
@@ -148,22 +165,37 @@ class TADMAdapter(Adapter):
         self.refresh = refresh if refresh is not None else FixedInterval(1)
         self.policy: RefreshPolicy | None = None  # resolved for the run's T by start()
         self.cache = AnchorCache()
+        self._decision: tuple[Tensor, int, bool] | None = None  # (canvas, step, due) from `decide`
 
     def start(self, total_steps: int) -> None:
         self.policy = self.refresh.resolve(total_steps)
         self.cache.clear()
+        self._decision = None
 
     def shallow(self, z_t: Tensor) -> Tensor:
         """S(z_t): the shared network (the token embedding)."""
         return self.model.embed(z_t)
 
-    def _due(self, z_t: Tensor, step: int) -> bool:
+    def _policy(self) -> RefreshPolicy:
         if self.policy is None:
             raise RuntimeError("TADMAdapter.start(total_steps) must be called before sampling")
-        return self.policy.due(self.cache, step, z_t, self.shallow)
+        return self.policy
+
+    def due_flag(self, z_t: Tensor, step: int) -> bool | Tensor:
+        return self._policy().due_flag(self.cache, step, z_t, self.shallow)
+
+    def decide(self, z_t: Tensor, step: int, due: bool) -> None:
+        self._decision = (z_t, step, bool(due))
+
+    def _due(self, z_t: Tensor, step: int) -> bool:
+        decision = self._decision
+        if decision is not None and decision[0] is z_t and decision[1] == step:
+            return decision[2]
+        return self._policy().due(self.cache, step, z_t, self.shallow)
 
     def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
-        if self._due(z_t, step):
+        due, self._decision = self._due(z_t, step), None  # a decision serves one call: a refresh changes the cache
+        if due:
             self.counter.anchor_calls += 1
             shallow = self.shallow(z_t) if self.policy.uses_shallow else None
             self.cache.store(self.model.anchor(z_t), step, z_t, shallow)

@@ -103,6 +103,11 @@ class RefreshPolicy(abc.ABC):
         """True when the anchor must be refreshed before serving step `step` on canvas z_t.
         Pure: it must not change the cache (ddpm_cache asks it without calling the model)."""
 
+    def due_flag(self, cache: AnchorCache, step: int, z_t: Tensor, shallow: ShallowFn) -> bool | Tensor:
+        """`due` without reading the device: a bool when the host knows the answer, else a
+        0-dim bool tensor (the sampling loop reads it with the rest of the step's values)."""
+        return self.due(cache, step, z_t, shallow)
+
 
 class FixedInterval(RefreshPolicy):
     """Refresh when step - cached_step >= K (Alg. 1): ceil(T/K) refreshes, ages 0..K-1."""
@@ -166,18 +171,26 @@ class AdaptiveDrift(RefreshPolicy):
     def __repr__(self) -> str:
         return f"AdaptiveDrift(threshold={self.threshold}, metric={self.metric!r}, max_age={self.max_age})"
 
-    def drift(self, cache: AnchorCache, z_t: Tensor, shallow: ShallowFn) -> float:
-        """The drift of the batch's most drifted sequence."""
+    def drift_tensor(self, cache: AnchorCache, z_t: Tensor, shallow: ShallowFn) -> Tensor:
+        """The drift of the batch's most drifted sequence, a 0-dim float64 tensor on z_t's device
+        (computed in float32, widened exactly)."""
         if self.metric == "changed_fraction":
             per_seq = (z_t != cache.canvas).float().mean(-1)
         else:
             ref = cache.shallow.float().flatten(1)
             per_seq = (shallow(z_t).float().flatten(1) - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
-        return float(per_seq.max())
+        return per_seq.max().double()
 
-    def due(self, cache: AnchorCache, step: int, z_t: Tensor, shallow: ShallowFn) -> bool:
+    def drift(self, cache: AnchorCache, z_t: Tensor, shallow: ShallowFn) -> float:
+        """The drift of the batch's most drifted sequence."""
+        return float(self.drift_tensor(cache, z_t, shallow))
+
+    def due_flag(self, cache: AnchorCache, step: int, z_t: Tensor, shallow: ShallowFn) -> bool | Tensor:
         if cache.empty:
             return True
         if self.max_age is not None and cache.age(step) >= self.max_age:
             return True
-        return self.drift(cache, z_t, shallow) > self.threshold
+        return self.drift_tensor(cache, z_t, shallow) > self.threshold  # compared in float64
+
+    def due(self, cache: AnchorCache, step: int, z_t: Tensor, shallow: ShallowFn) -> bool:
+        return bool(self.due_flag(cache, step, z_t, shallow))

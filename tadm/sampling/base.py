@@ -39,6 +39,16 @@ One reverse trajectory per batch (MDLM / ReMDM conventions, REFERENCE.md §2):
 5. With this grid the last step of a block has s = 0, alpha_s = 1, so every sampler's unmask
    rate is exactly 1 there and the block ends fully decoded (checked; a sampler that leaves a
    masked position is an error, not silently filled).
+6. Device and host syncs: everything runs on the adapter's device (the model's); the network
+   body and head run under `tadm.runtime.autocast(device, cfg.autocast)` (bf16 on CUDA, nothing
+   on the CPU), the logits are cast to `precision` before SUBS / softmax / nucleus / the draw.
+   A step reads the device once (`_Network.plan`): one small tensor holding the number N of
+   decoding positions and the flags the step branches on (ddpm_cache: canvas unchanged since the
+   last call; a data-dependent anchor refresh, `RefreshPolicy.due_flag`; the range check of
+   per-position rates, `factored(deferred=...)`). Everything else has fixed shapes or shapes
+   known from N: the decoding rows are gathered by index (`decoded_rows`) and the drawn tokens
+   scattered back, never boolean-mask indexed. Per trajectory two more reads: the schedule's
+   alpha on the time grid (once) and the end-of-block check (once, after the last block).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from tadm import runtime
 from tadm.losses import subs_log_probs
 from tadm.sampling.adapters import Adapter
 from tadm.sampling.counters import ComputeCounter
@@ -62,6 +73,7 @@ from tadm.schedule import LogLinearSchedule, NoiseSchedule
 SAMPLER_NAMES = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "mdlm-fb", "mdlm-dfm",
                  "sedd-analytic")
 PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
+AUTOCAST = ("fp32", "bf16")  # the network's autocast on a GPU (`tadm.runtime.autocast`); CPU: always fp32
 
 
 # --------------------------------------------------------------------------- settings / results
@@ -85,6 +97,7 @@ class SamplerSettings:
     lazy_head: bool = True  # output head only on the rows decoded this step (False: every position)
     eps: float = 1e-3  # log-linear schedule epsilon (as in training)
     batch_size: int | None = None  # sequences per trajectory; None: all at once
+    autocast: str = "fp32"  # network forward: "bf16" autocast on CUDA (runtime.precision); draws stay in `precision`
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLER_NAMES:
@@ -105,6 +118,8 @@ class SamplerSettings:
             raise ValueError(f"alpha_on must be in (0, 1), got {self.alpha_on!r}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be positive or None, got {self.batch_size!r}")
+        if self.autocast not in AUTOCAST:
+            raise ValueError(f"autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
 
     @classmethod
     def from_config(cls, cfg: Any, steps: int, seed: int = 0, **overrides: Any) -> "SamplerSettings":
@@ -160,19 +175,47 @@ class Transition:
         return torch.where((z_t == mask_id).unsqueeze(-1), from_mask, from_token)
 
 
+RATE_TOLERANCE = 1e-12
+Deferred = list[tuple[Tensor, Callable[[], str]]]  # (0-dim bool "out of range", its error message)
+
+
+def _range_message(lo: float, hi: float) -> str:
+    return f"transition rates must lie in [0, 1], got min {lo}, max {hi}"
+
+
 def factored(z_t: Tensor, active: Tensor, mask_id: int, unmask: Tensor | float, remask: Tensor | float,
-             dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+             dtype: torch.dtype, deferred: Deferred | None = None) -> tuple[Tensor, Tensor]:
     """(unmask, remask) as (B, L) tensors in `dtype`: each rate (a float or (B, L)) where it
     applies (masked / decoded positions of the current block `active` (L,)), 0 elsewhere.
-    Rates must lie in [0, 1] up to rounding (1e-12), and are clamped to it."""
-    zero = torch.zeros((), dtype=dtype, device=z_t.device)
+    Rates must lie in [0, 1] up to rounding (1e-12), and are clamped to it. A float rate is
+    checked on the host at once; a tensor rate needs its values: with `deferred` (a list) the
+    check is appended to it as (flag, message) for the caller to read with its own host read
+    (the sampling loop folds it into the step's one read), otherwise it is read here."""
     masked = z_t == mask_id
     rates = []
     for rate, where in ((unmask, masked), (remask, ~masked)):
-        rate = torch.as_tensor(rate, dtype=dtype, device=z_t.device)
-        if bool((rate < -1e-12).any()) or bool((rate > 1 + 1e-12).any()):
-            raise ValueError(f"transition rates must lie in [0, 1], got min {float(rate.min())}, max {float(rate.max())}")
-        rates.append(torch.where(where & active, rate.clamp(0.0, 1.0), zero))
+        where = where & active
+        if isinstance(rate, Tensor):
+            rate = rate.to(dtype)  # a sampler's per-position rate lives on the canvas's device
+            bad = (rate < -RATE_TOLERANCE).any() | (rate > 1 + RATE_TOLERANCE).any()
+
+            def message(rate: Tensor = rate) -> str:
+                return _range_message(float(rate.min()), float(rate.max()))
+
+            if deferred is not None:
+                deferred.append((bad, message))
+            elif bool(bad):
+                raise ValueError(message())
+            zero = torch.zeros((), dtype=dtype, device=z_t.device)
+            rates.append(torch.where(where, rate.clamp(0.0, 1.0), zero))
+        else:
+            rate = float(rate)
+            if rate < -RATE_TOLERANCE or rate > 1 + RATE_TOLERANCE:
+                raise ValueError(_range_message(rate, rate))
+            # clamping in float64 and then rounding to `dtype` equals rounding, then clamping
+            # (both monotone, 0 and 1 exact): the same values as a clamped `dtype` scalar
+            filled = torch.zeros(z_t.shape, dtype=dtype, device=z_t.device)
+            rates.append(filled.masked_fill_(where, min(max(rate, 0.0), 1.0)))
     return rates[0], rates[1]
 
 
@@ -213,6 +256,25 @@ def block_ranges(seq_len: int, block_size: int | None) -> list[tuple[int, int]]:
 def alpha_at(schedule: NoiseSchedule, t: float) -> float:
     """alpha_t as a Python float, evaluated in float64."""
     return float(schedule.alpha(torch.tensor(t, dtype=torch.float64)))
+
+
+def alpha_grid(schedule: NoiseSchedule, times: list[float]) -> list[float]:
+    """[alpha_at(schedule, t) for t in times] from one float64 evaluation (one host read)."""
+    if not times:
+        return []
+    return schedule.alpha(torch.tensor(times, dtype=torch.float64)).tolist()
+
+
+def decoded_rows(decoded: Tensor, n: int) -> Tensor:
+    """The flat (row-major) indices (n,) of the True positions of `decoded` (B, L), in order,
+    given their number n: the order of ``decoded.nonzero()`` / ``x[decoded]``, built from
+    fixed-shape ops (no host read). The positions' ranks, decoded ones first, form a
+    permutation, so the scatter writes every slot once (deterministic)."""
+    flat = decoded.reshape(-1)
+    total = flat.sum()
+    rank = torch.where(flat, flat.cumsum(0) - 1, total + (~flat).cumsum(0) - 1)
+    order = torch.empty_like(rank).scatter_(0, rank, torch.arange(flat.numel(), device=flat.device))
+    return order[:n]
 
 
 def nucleus_filter(probs: Tensor, p: float) -> Tensor:
@@ -300,21 +362,50 @@ class Sampler(abc.ABC):
     def __init__(self, settings: SamplerSettings, mask_id: int):
         self.settings, self.mask_id = settings, mask_id
         self.schedule: NoiseSchedule = LogLinearSchedule(settings.eps)
+        self._alphas: dict[float, float] = {}
+        self._deferred: Deferred | None = None  # a list while the loop reads the checks (`defer_checks`)
 
     def start(self, z: Tensor) -> None:
         """Begin a trajectory on the all-mask canvas z (reset per-trajectory state)."""
+
+    def prepare(self, times: list[float]) -> None:
+        """Evaluate the schedule's alpha at `times` (the run's time grid) in one go, so that
+        `alpha` needs no host read per step."""
+        missing = sorted({t for t in times if t not in self._alphas})
+        self._alphas.update(zip(missing, alpha_grid(self.schedule, missing)))
+
+    def alpha(self, t: float) -> float:
+        """alpha_t of the log-linear schedule as a Python float (= `alpha_at`)."""
+        if t not in self._alphas:
+            self._alphas[t] = alpha_at(self.schedule, t)
+        return self._alphas[t]
+
+    def defer_checks(self, on: bool) -> None:
+        """While on, `rates` hands the range checks of per-position rates to `pending_checks`
+        instead of reading them at once (the loop reads them with the step's one host read)."""
+        self._deferred = [] if on else None
+
+    def pending_checks(self) -> Deferred:
+        """The deferred range checks made since the last call (`factored`)."""
+        out = self._deferred or []
+        if self._deferred is not None:
+            self._deferred = []
+        return out
 
     @abc.abstractmethod
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         """The step's rates (`Transition`, via `factored`); identity outside `active`."""
 
-    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, token_prob: Tensor) -> None:
+    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, token_prob: Tensor,
+                rows: Tensor | None = None) -> None:
         """Called with the sampled z_s, the decoded positions (B, L) and the probability (N,)
-        each decoded token had under top-p(x_theta) (for samplers with state, e.g. ReMDM-conf)."""
+        each decoded token had under top-p(x_theta) (for samplers with state, e.g. ReMDM-conf);
+        `rows` (N,): the decoded positions' flat indices into (B, L) (`decoded_rows`)."""
 
     def rates(self, z_t: Tensor, active: Tensor, unmask: Tensor | float, remask: Tensor | float) -> tuple[Tensor, Tensor]:
-        """`factored` in this run's precision."""
-        return factored(z_t, active, self.mask_id, unmask, remask, self.settings.precision)
+        """`factored` in this run's precision; inside the loop the checks of tensor rates are
+        read with the step's one host read (`defer_checks`, `pending_checks`)."""
+        return factored(z_t, active, self.mask_id, unmask, remask, self.settings.precision, self._deferred)
 
 
 def build_sampler(settings: SamplerSettings, mask_id: int) -> Sampler:
@@ -329,40 +420,71 @@ def build_sampler(settings: SamplerSettings, mask_id: int) -> Sampler:
 # --------------------------------------------------------------------------- the loop
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Network:
-    """The network side of a trajectory: runs the body when needed, keeps the last hidden
-    states (ddpm_cache) and projects the decoding rows."""
+    """The network side of a trajectory: decides what a step needs (one host read), runs the
+    body when needed, keeps the last hidden states (ddpm_cache) and projects the decoding rows."""
 
     def __init__(self, adapter: Adapter, cfg: SamplerSettings):
         self.adapter, self.cfg = adapter, cfg
         self.canvas: Tensor | None = None  # canvas of the last network call
         self.hidden: Tensor | None = None
+        self.device = adapter.device
 
-    def step(self, z: Tensor, step: int, t: float, decoded: Tensor) -> tuple[Tensor, Tensor | None, bool]:
-        """(SUBS x_theta at the decoded rows (N, V+1) before top-p, the full SUBS x_theta
-        (B, L, V+1) before top-p when lazy_head is off (else None), reused)."""
+    def autocast(self):
+        return runtime.autocast(self.device, self.cfg.autocast)
+
+    def plan(self, z: Tensor, step: int, decoded: Tensor, checks: Deferred) -> tuple[int, bool]:
+        """(N = number of decoding positions, reused) for this step, from the step's one host
+        read: N, the adapter's refresh flag when it depends on data, whether the canvas changed
+        since the last network call (ddpm_cache), and the deferred rate checks."""
         cfg, adapter = self.cfg, self.adapter
-        anything = bool(decoded.any())
-        reused = cfg.ddpm_cache and adapter.can_reuse(z, step) and (
-            not anything or (self.canvas is not None and torch.equal(self.canvas, z)))
+        due = adapter.due_flag(z, step)
+        compare = cfg.ddpm_cache and self.canvas is not None
+        pending = [decoded.sum()]
+        if isinstance(due, Tensor):
+            pending.append(due)
+        if compare:
+            pending.append((self.canvas != z).any())
+        pending += [bad for bad, _ in checks]
+        values = torch.stack([p.reshape(()).to(torch.long) for p in pending]).tolist()  # the host read
+        n, rest = values[0], values[1:]
+        if isinstance(due, Tensor):
+            due, rest = bool(rest[0]), rest[1:]
+        adapter.decide(z, step, due)
+        changed = True
+        if compare:
+            changed, rest = bool(rest[0]), rest[1:]
+        for (_, message), bad in zip(checks, rest):
+            if bad:
+                raise ValueError(message())
+        reused = cfg.ddpm_cache and adapter.can_reuse(z, step) and (n == 0 or not changed)
+        return n, reused
+
+    def step(self, z: Tensor, step: int, t: float, decoded: Tensor, n: int, reused: bool
+             ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(SUBS x_theta at the decoded rows (N, V+1) before top-p, the full SUBS x_theta
+        (B, L, V+1) before top-p when lazy_head is off (else None), the rows' flat indices (N,)
+        or None when N = 0)."""
+        cfg, adapter = self.cfg, self.adapter
         if reused:
             adapter.counter.reused_calls += 1
         else:
-            self.canvas, self.hidden = z, adapter.features(z, step, t)
+            with self.autocast():
+                self.canvas, self.hidden = z, adapter.features(z, step, t)
+        rows = decoded_rows(decoded, n) if n else None
         full = None
-        if not cfg.lazy_head and self.hidden is not None and (anything or not reused):
-            full = predict_x0(adapter.project(self.hidden), self.canvas, adapter.mask_id, 1.0, cfg.precision)
-            rows = full[decoded]
-        elif anything:
-            rows = x_theta_rows(adapter.project(self.hidden, decoded), adapter.mask_id, cfg.precision)
+        if not cfg.lazy_head and self.hidden is not None and (n or not reused):
+            with self.autocast():
+                logits = adapter.project(self.hidden)
+            full = predict_x0(logits, self.canvas, adapter.mask_id, 1.0, cfg.precision)
+            x = full.flatten(0, 1).index_select(0, rows) if n else full.new_empty(0, full.shape[-1])
+        elif n:
+            with self.autocast():
+                logits = adapter.project(self.hidden, rows)
+            x = x_theta_rows(logits, adapter.mask_id, cfg.precision)
         else:
-            rows = torch.empty(0, adapter.mask_id + 1, dtype=cfg.precision, device=z.device)
-        return rows, full, reused
+            x = torch.empty(0, adapter.mask_id + 1, dtype=cfg.precision, device=z.device)
+        return x, full, rows
 
 
 def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch: int, seq_len: int,
@@ -373,33 +495,42 @@ def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch:
     if cfg.steps % len(blocks):
         raise ValueError(f"steps ({cfg.steps}) must divide evenly over {len(blocks)} blocks of {cfg.block_size}")
     grid = time_grid(cfg.steps // len(blocks))
+    sampler.prepare([t for t, _ in grid] + [s for _, s in grid])
     z = torch.full((batch, seq_len), mask_id, dtype=torch.long, device=device)
     adapter.start(cfg.steps)
     adapter.counter.start_trajectory(batch, seq_len)
     sampler.start(z)
     network, step = _Network(adapter, cfg), 0
     positions = torch.arange(seq_len, device=device)
-    for b, (lo, hi) in enumerate(blocks):
-        active = (positions >= lo) & (positions < hi)
-        for t, s in grid:
-            tr = sampler.transition(z, t, s, active)
-            u = torch.rand(z.shape, generator=generator, device=device, dtype=cfg.precision)
-            masked = z == mask_id
-            decoded, remasked = masked & (u < tr.unmask), ~masked & (u < tr.remask)
-            x_theta, full, reused = network.step(z, step, t, decoded)
-            z_s = z.masked_fill(remasked, mask_id)
-            token_prob = x_theta.new_empty(0)
-            if x_theta.shape[0]:
-                z_s[decoded], token_prob = draw_nucleus(x_theta, cfg.nucleus_p, generator)
-            sampler.observe(z, z_s, decoded, token_prob)
-            if callback is not None:
-                p = cfg.nucleus_p
-                callback(StepInfo(step, b, t, s, z, z_s, decoded, nucleus_filter(x_theta, p), tr, active, reused,
-                                  None if full is None else nucleus_filter(full, p)))
-            z, step = z_s, step + 1
-        left = int(((z == mask_id) & active).sum())
-        if left:
-            raise RuntimeError(f"sampler {cfg.sampler!r} left {left} masked positions at the end of block {b}")
+    left = []  # masked positions left in each block: read once, after the last block
+    sampler.defer_checks(True)  # per-position rate checks: read with the step's one host read
+    try:
+        for b, (lo, hi) in enumerate(blocks):
+            active = (positions >= lo) & (positions < hi)
+            for t, s in grid:
+                tr = sampler.transition(z, t, s, active)
+                u = torch.rand(z.shape, generator=generator, device=device, dtype=cfg.precision)
+                masked = z == mask_id
+                decoded, remasked = masked & (u < tr.unmask), ~masked & (u < tr.remask)
+                n, reused = network.plan(z, step, decoded, sampler.pending_checks())
+                x_theta, full, rows = network.step(z, step, t, decoded, n, reused)
+                z_s = z.masked_fill(remasked, mask_id)
+                token_prob = x_theta.new_empty(0)
+                if n:
+                    tokens, token_prob = draw_nucleus(x_theta, cfg.nucleus_p, generator)
+                    z_s.view(-1).scatter_(0, rows, tokens)
+                sampler.observe(z, z_s, decoded, token_prob, rows)
+                if callback is not None:
+                    p = cfg.nucleus_p
+                    callback(StepInfo(step, b, t, s, z, z_s, decoded, nucleus_filter(x_theta, p), tr, active, reused,
+                                      None if full is None else nucleus_filter(full, p)))
+                z, step = z_s, step + 1
+            left.append(((z == mask_id) & active).sum())
+    finally:
+        sampler.defer_checks(False)
+    for b, count in enumerate(torch.stack(left).tolist()):
+        if count:
+            raise RuntimeError(f"sampler {cfg.sampler!r} left {count} masked positions at the end of block {b}")
     return z
 
 
@@ -416,21 +547,22 @@ def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len:
     adapter.counter.reset()
     batch = cfg.batch_size or num_samples
     chunks, refreshes = [], []
-    _sync(device)
+    runtime.synchronize(device)
     start = time.perf_counter()
     with torch.inference_mode():
         for done in range(0, num_samples, batch):
             chunks.append(_trajectory(adapter, sampler, cfg, min(batch, num_samples - done), seq_len, generator,
                                       callback))
             refreshes.append(adapter.refresh_steps)
-    _sync(device)
+    runtime.synchronize(device)
     seconds = time.perf_counter() - start
     refresh_steps = None if any(r is None for r in refreshes) else refreshes
-    return SampleResult(torch.cat(chunks).cpu(), adapter.counter.copy(), refresh_steps, seconds, cfg)
+    return SampleResult(runtime.host(torch.cat(chunks)), adapter.counter.copy(), refresh_steps, seconds, cfg)
 
 
 __all__ = [
     "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "Transition", "StepInfo", "Sampler", "SAMPLERS",
     "build_sampler", "sample", "time_grid", "block_ranges", "alpha_at", "nucleus_filter", "predict_x0",
-    "sample_categorical", "point_mass", "factored", "x_theta_rows", "draw_nucleus",
+    "sample_categorical", "point_mass", "factored", "x_theta_rows", "draw_nucleus", "alpha_grid", "decoded_rows",
+    "AUTOCAST",
 ]

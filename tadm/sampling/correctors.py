@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import Sampler, Transition, alpha_at, point_mass
+from tadm.sampling.base import Sampler, Transition, point_mass
 from tadm.sampling.mdlm import mdlm_posterior
 
 
@@ -109,7 +109,7 @@ class CorrectorSampler(Sampler):
     names = ("mdlm-fb", "mdlm-dfm")
 
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
-        alpha_t, alpha_s = alpha_at(self.schedule, t), alpha_at(self.schedule, s)
+        alpha_t, alpha_s = self.alpha(t), self.alpha(s)
         eta = 0.0 if s <= 0.0 else self.settings.eta  # the last step of a block is a pure predictor
         kind = self.settings.sampler.removeprefix("mdlm-")
         unmask, remask = corrector_rates(kind, alpha_t, alpha_s, eta)

@@ -22,6 +22,10 @@ adds what its module just did:
   ADLM's input map    dense_flops(V+1, d) per token (Linear from the anchor distribution).
   Free: embedding lookups, norms, activations, softmax, and the per-call conditioning vector c
   with its adaLN maps (O(d cond_dim) once per call, independent of B and L).
+
+- Layer positions (`layer_tokens`): per layer call, the positions it ran (B x L): the work a KV
+  cache saves (AR: n_layers B (L - 1) cached against n_layers B L (L - 1) / 2 without). Blocks
+  run outside their forward (the AR model's cached step) are booked with `count_block`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class ComputeCounter:
     anchor_layer_calls: int = 0
     denoiser_layer_calls: int = 0
     flops: int = 0
+    layer_tokens: int = 0  # positions run through Transformer layers: sum over layer calls of B * (positions)
     tokens: int = 0  # canvas positions generated: sum of B * L over trajectories
     trajectories: int = 0  # batched reverse processes run
     active: bool = field(default=False, repr=False, compare=False)
@@ -101,26 +106,33 @@ class ComputeCounter:
 # --------------------------------------------------------------------------- hooks
 
 
+def count_block(counter: ComputeCounter, module: DiTBlock, batch: int, positions: int, context: int,
+                anchor: bool = False) -> None:
+    """Book one call of DiT block `module` on `positions` positions per sequence, each attending
+    to `context` keys (a full call: context = positions; a KV-cached step: the cached length)."""
+    d = module.mlp[0].in_features
+    mlp_ratio = module.mlp[0].out_features // d
+    counter.flops += batch * positions * dit_block_flops(d, context, mlp_ratio)
+    counter.layer_tokens += batch * positions
+    if anchor:
+        counter.anchor_layer_calls += 1
+    else:
+        counter.denoiser_layer_calls += 1
+
+
 def _block_hook(counter: ComputeCounter, anchor: bool):
     def hook(module: DiTBlock, args: tuple, output) -> None:
-        if not counter.active:
-            return
-        B, L, d = args[0].shape
-        mlp_ratio = module.mlp[0].out_features // d
-        counter.flops += B * L * dit_block_flops(d, L, mlp_ratio)
-        if anchor:
-            counter.anchor_layer_calls += 1
-        else:
-            counter.denoiser_layer_calls += 1
+        if counter.active:
+            B, L, _ = args[0].shape
+            count_block(counter, module, B, L, L, anchor)
 
     return hook
 
 
 def _head_hook(counter: ComputeCounter):
     def hook(module: DiTFinalLayer, args: tuple, output) -> None:
-        if counter.active:
-            B, projected, n_out = output.shape
-            counter.flops += B * projected * lm_head_flops(module.linear.in_features, n_out)
+        if counter.active:  # output (B, L, n_out), or (N, n_out) for rows
+            counter.flops += output[..., 0].numel() * lm_head_flops(module.linear.in_features, output.shape[-1])
 
     return hook
 

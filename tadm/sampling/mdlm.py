@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import Sampler, Transition, alpha_at, point_mass
+from tadm.sampling.base import Sampler, Transition, point_mass
 
 
 def mdlm_unmask(alpha_t: float, alpha_s: float) -> float:
@@ -43,5 +43,5 @@ class MDLMSampler(Sampler):
     names = ("mdlm",)
 
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
-        alpha_t, alpha_s = alpha_at(self.schedule, t), alpha_at(self.schedule, s)
+        alpha_t, alpha_s = self.alpha(t), self.alpha(s)
         return Transition(*self.rates(z_t, active, mdlm_unmask(alpha_t, alpha_s), 0.0), alpha_t, alpha_s)

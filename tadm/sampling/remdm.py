@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import SamplerSettings, Sampler, Transition, alpha_at, point_mass
+from tadm.sampling.base import SamplerSettings, Sampler, Transition, point_mass
 
 
 def sigma_max(alpha_t: float, alpha_s: float) -> float:
@@ -112,7 +112,7 @@ class ReMDMSampler(Sampler):
         if self.strategy == "loop":
             alpha_t, alpha_s, phase = self.loop.alpha(t), self.loop.alpha(s), self.loop.phase(t)
         else:
-            alpha_t, alpha_s, phase = alpha_at(self.schedule, t), alpha_at(self.schedule, s), self.strategy
+            alpha_t, alpha_s, phase = self.alpha(t), self.alpha(s), self.strategy
         smax = sigma_max(alpha_t, alpha_s)
         if self.strategy == "cap":
             sigma = min(eta, smax)
@@ -125,11 +125,15 @@ class ReMDMSampler(Sampler):
         unmask = remdm_unmask(alpha_t, alpha_s, sigma)
         return Transition(*self.rates(z_t, active, unmask, sigma), alpha_t, alpha_s, sigma, phase)
 
-    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, token_prob: Tensor) -> None:
+    def observe(self, z_t: Tensor, z_s: Tensor, decoded: Tensor, token_prob: Tensor,
+                rows: Tensor | None = None) -> None:
         """ReMDM-conf bookkeeping: newly decoded -> -p(token), remasked -> -inf."""
         if self.strategy != "conf":
             return
         remasked = (z_t != self.mask_id) & (z_s == self.mask_id)
         p = torch.zeros_like(self.conf)
-        p[decoded] = token_prob.to(self.conf.dtype)
+        if rows is not None:  # the decoded positions' flat indices: no host read
+            p.view(-1).scatter_(0, rows, token_prob.to(self.conf.dtype))
+        elif token_prob.numel():
+            p[decoded] = token_prob.to(self.conf.dtype)
         self.conf = torch.where(decoded, -p, self.conf).masked_fill(remasked, float("-inf"))

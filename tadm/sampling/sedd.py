@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from tadm.losses import sedd_log_scores
-from tadm.sampling.base import Sampler, Transition, alpha_at
+from tadm.sampling.base import Sampler, Transition
 from tadm.sampling.mdlm import mdlm_posterior, mdlm_unmask
 
 
@@ -47,7 +47,7 @@ class SEDDAnalyticSampler(Sampler):
     names = ("sedd-analytic",)
 
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
-        alpha_t, alpha_s = alpha_at(self.schedule, t), alpha_at(self.schedule, s)
+        alpha_t, alpha_s = self.alpha(t), self.alpha(s)
         rates = self.rates(z_t, active, mdlm_unmask(alpha_t, alpha_s), 0.0)
         return Transition(*rates, alpha_t, alpha_s, 0.0, "sedd-analytic")
 

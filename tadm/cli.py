@@ -72,10 +72,29 @@ def cmd_sft(args) -> None:
     print(json.dumps(m["counts"]))
 
 
+def _relaunched(p: config.Params, args, *command: str) -> bool:
+    """runtime.nproc > 1 and not yet under torchrun: run this command again as nproc processes
+    (``torchrun --nproc_per_node=N -m tadm ...``), wait for them and report True. Under torchrun
+    (or with nproc 1) False: this process is one rank and does its share."""
+    from tadm import runtime
+
+    argv = ["tadm", "--params", str(args.params), *command, *(["--restart"] if args.restart else [])]
+    return runtime.relaunch(p.runtime.nproc, argv)
+
+
+def _add_restart(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--restart", action="store_true",
+                   help="start over: move the run's checkpoints aside to checkpoints/<run>.old-<step> (nothing is deleted) "
+                   "instead of resuming; needed after a change of the settings the checkpoints were trained with")
+
+
 def cmd_train(args) -> None:
     from tadm.train.trainer import train
 
-    summary = train(args.run, _params(args), data_dir=Path(args.data))
+    p = _params(args)
+    if _relaunched(p, args, "train", args.run, "--data", args.data):
+        return
+    summary = train(args.run, p, data_dir=Path(args.data), restart=args.restart)
     if summary:
         print(json.dumps(summary))
 
@@ -160,6 +179,7 @@ def cmd_compute_column(args) -> None:
 
 def cmd_dg_base(args) -> None:
     """Train the default profile's small DiffusionGemma (posttrain.base_model: local)."""
+    from tadm import runtime
     from tadm.data.tokenizer import load_tokenizer
     from tadm.posttrain.train import train_base
 
@@ -174,23 +194,39 @@ def cmd_dg_base(args) -> None:
         atomic_write_json(Path("metrics/posttrain/dg_base.json"), {"run": "dg_base", "base_model": p.posttrain.base_model})
         print(f"posttrain.base_model = {p.posttrain.base_model!r}: loaded from there by dg-posttrain; nothing to train")
         return
+    if _relaunched(p, args, "dg-base", "--sft", args.sft, "--tokenizer", args.tokenizer):
+        return
     tok_name = args.tokenizer if p.sft.tokenizer == "project" else p.sft.tokenizer
-    print(json.dumps(train_base(p, load_tokenizer(tok_name), sft_dir=Path(args.sft))))
+    summary = train_base(p, load_tokenizer(tok_name), sft_dir=Path(args.sft), restart=args.restart)
+    if not runtime.under_torchrun() or os.environ.get("RANK") == "0":
+        print(json.dumps(summary))
 
 
 def cmd_dg_posttrain(args) -> None:
     """TADM:Post-train: train the fusion of the frozen DiffusionGemma."""
+    from tadm import runtime
     from tadm.posttrain.train import train_fusion
 
-    print(json.dumps(train_fusion(_params(args), sft_dir=Path(args.sft))))
+    p = _params(args)
+    if _relaunched(p, args, "dg-posttrain", "--sft", args.sft):
+        return
+    summary = train_fusion(p, sft_dir=Path(args.sft), restart=args.restart)
+    if not runtime.under_torchrun() or os.environ.get("RANK") == "0":
+        print(json.dumps(summary))
 
 
 def cmd_asrd_model(args) -> None:
     """Train the masked diffusion LM the ASRD comparison runs on (both tasks)."""
+    from tadm import runtime
     from tadm.asrd.train import train
     from tadm.data.tokenizer import load_tokenizer
 
-    print(json.dumps(train(_params(args), load_tokenizer(args.tokenizer))))
+    p = _params(args)
+    if _relaunched(p, args, "asrd-model", "--tokenizer", args.tokenizer):
+        return
+    summary = train(p, load_tokenizer(args.tokenizer), restart=args.restart)
+    if not runtime.under_torchrun() or os.environ.get("RANK") == "0":
+        print(json.dumps(summary))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,24 +278,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compute_column)
 
     p = sub.add_parser("train", help="train one model of train.models (resumes if interrupted); "
-                       "multi-process: torchrun --nproc_per_node=N -m tadm train NAME")
+                       "runtime.nproc > 1 runs it as that many processes (torchrun)")
     p.add_argument("run", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar")
     p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (pack stage output)")
+    _add_restart(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("dg-base", help="train the small DiffusionGemma of the default profile on the SFT canvases")
     p.add_argument("--sft", default=str(SFT_DIR))
     p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+    _add_restart(p)
     p.set_defaults(func=cmd_dg_base)
 
     p = sub.add_parser("dg-posttrain", help="TADM:Post-train: train the fusion of a frozen DiffusionGemma "
-                       "(multi-process: torchrun --nproc_per_node=N -m tadm dg-posttrain)")
+                       "(runtime.nproc > 1: that many processes, global batch batch_size x grad_accum x nproc)")
     p.add_argument("--sft", default=str(SFT_DIR))
+    _add_restart(p)
     p.set_defaults(func=cmd_dg_posttrain)
 
     p = sub.add_parser("asrd-model", help="train the masked diffusion LM of the ASRD comparison on its two tasks "
                        "(arithmetic, word reversal)")
     p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+    _add_restart(p)
     p.set_defaults(func=cmd_asrd_model)
     return ap
 

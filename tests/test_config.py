@@ -35,7 +35,9 @@ def test_paper_profile_carries_the_paper_settings():
     assert p.sample.steps == [2048, 4096] and p.sample.num_samples == 5000
     assert (p.posttrain.shared_layers, p.posttrain.anchor_layers, p.posttrain.denoiser_layers) == (2, 20, 8)
     pt = p.posttrain
-    assert (pt.fusion_rank, pt.gate_bias_init, pt.steps, pt.batch_size, pt.grad_accum) == (256, -3.0, 18_750, 1, 4)
+    assert (pt.fusion_rank, pt.gate_bias_init, pt.steps, pt.batch_size) == (256, -3.0, 18_750, 1)
+    # the paper's global batch 16 = per-device batch x accumulation x processes
+    assert pt.batch_size * pt.grad_accum * p.runtime.nproc == 16
     assert (pt.lr, pt.betas, pt.weight_decay, pt.warmup_steps, pt.min_lr_ratio) == (1.5e-4, [0.95, 0.99], 1e-4, 100, 0.1)
     assert (pt.kd_weight, pt.kd_temperature, pt.self_cond_p, pt.cache_age_probs) == (1.0, 1.0, 0.5, [0.34, 0.33, 0.33])
     assert (pt.sample_steps, pt.canvas_length, pt.entropy_bound, pt.temperature) == (48, 256, 0.1, [0.8, 0.4])

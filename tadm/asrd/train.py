@@ -7,9 +7,10 @@ tasks; the Table 2 models are unconditional and far too small for that. This tra
 the response is masked as in MDLM (log-linear schedule, antithetic t) and the loss is MDLM's
 continuous-time NELBO over the response, per response token. AdamW, warm-up then cosine to 10%.
 
-The loop is the post-train recipe's (`tadm.posttrain.train._loop`): seeded global batches,
-per-step generators, atomic hash-checked safetensors checkpoints that a changed config, data
-or code refuses to resume, DDP under torchrun. Output: ``models/asrd_mdlm`` (save_pretrained)
+The loop is the post-train recipe's (`tadm.posttrain.train._loop`): seeded global batches
+(train_batch per process and step), per-step generators, atomic hash-checked safetensors
+checkpoints that a changed objective, data or code refuses to resume (`--restart` moves them
+aside), the device of `runtime.device`, DDP under torchrun. Output: ``models/asrd_mdlm`` (save_pretrained)
 with the task layout in ``asrd.json``, and ``data/asrd``: the task sets it trained and is
 evaluated on (``tasks.jsonl``) with the stage's ``manifest.json``.
 """
@@ -18,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from pathlib import Path
 
 import torch
 
+from tadm import runtime
 from tadm.asrd import tasks as T
 from tadm.config import Params
 from tadm.forward_process import mask_tokens, sample_times
@@ -31,13 +32,17 @@ from tadm.losses import mdlm_nelbo, subs_log_probs
 from tadm.models import build_model
 from tadm.posttrain.train import _loop, cosine_lr
 from tadm.schedule import LogLinearSchedule
-from tadm.train.trainer import _seed, setup_distributed
+from tadm.train.trainer import _seed, adamw
 
 MODEL_DIR = Path("models/asrd_mdlm")
 DATA_DIR = Path("data/asrd")
 CODE = ("asrd/train.py", "asrd/tasks.py", "losses.py", "forward_process.py", "models", "posttrain/train.py",
         "train/checkpoint.py")
 EPS = 1e-3
+# the asrd keys the training reads (the rest configure decoding); train_steps stays in: the
+# cosine learning rate ends at it, so more steps change every step after warm-up
+TRAIN_KEYS = ("prompt_tokens", "response_tokens", "spelling_max", "spelling_train", "spelling_eval", "eval_examples",
+              "train_steps", "train_batch", "lr", "warmup_steps")
 
 
 def task_sets(p: Params, root: Path = Path(".")) -> dict[str, tuple[T.TaskSet, T.TaskSet]]:
@@ -58,7 +63,7 @@ def _code_hash(root: Path) -> list[str]:
 
 def response_nelbo(model, x: torch.Tensor, region: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """MDLM's NELBO of the response part of x (B, L) (`region` (L,) bool), per response token."""
-    schedule, mask_id = LogLinearSchedule(EPS), model.mask_id
+    schedule, mask_id = LogLinearSchedule(EPS), getattr(model, "module", model).mask_id  # DDP: .module
     t = sample_times(x.shape[0], EPS, True, gen, x.device)
     z = mask_tokens(x, schedule.alpha(t), mask_id, gen)
     z = torch.where(region.to(x.device), z, x)  # the prompt is never masked
@@ -66,28 +71,28 @@ def response_nelbo(model, x: torch.Tensor, region: torch.Tensor, gen: torch.Gene
     return nelbo.mean() / int(region.sum())
 
 
-def train(p: Params, tokenizer, root: Path = Path("."), log=print) -> dict:
+def train(p: Params, tokenizer, root: Path = Path("."), log=print, restart: bool = False) -> dict:
     a = p.asrd
-    d = setup_distributed()
+    d = runtime.setup(p.runtime)
     sets = task_sets(p, root)
     layout = T.Layout(tokenizer, a.prompt_tokens, a.response_tokens)
     x = torch.cat([layout.encode(tr.prompts, tr.responses) for tr, _ in sets.values()])
     region = layout.region
     torch.manual_seed(_seed(p.seed, 0xA5D))
     model = build_model("mdlm", p.model, len(tokenizer), layout.length).to(d.device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    fp = hashlib.sha256(json.dumps({"asrd": dataclasses.asdict(a), "model": dataclasses.asdict(p.model), "seed": p.seed,
-                                    "data": hashlib.sha256(x.numpy().tobytes()).hexdigest(),
-                                    "code": _code_hash(Path(__file__).resolve().parent.parent)},
-                                   sort_keys=True).encode()).hexdigest()[:16]
+    opt = adamw(model.parameters(), d.device, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    settings = {"asrd": {k: getattr(a, k) for k in TRAIN_KEYS}, "model": dataclasses.asdict(p.model), "seed": p.seed,
+                "data": hashlib.sha256(x.numpy().tobytes()).hexdigest(),
+                "code": hashlib.sha256("".join(_code_hash(Path(__file__).resolve().parent.parent)).encode()).hexdigest()}
 
     def loss_fn(net, indices, gen):
         return response_nelbo(net, x[indices].to(d.device), region, gen), {}
 
     history = _loop("asrd_mdlm", model, loss_fn, steps=a.train_steps, batch=a.train_batch, micro=1, n_data=len(x),
                     lr_at=lambda s: cosine_lr(s, a.lr, a.warmup_steps, a.train_steps, 0.1), opt=opt, clip=1.0,
-                    run_dir=root / "checkpoints" / "asrd_mdlm", fingerprint=fp, seed=p.seed, log_every=a.log_every,
-                    checkpoint_every=a.checkpoint_every, d=d, log=log)
+                    run_dir=root / "checkpoints" / "asrd_mdlm", settings=settings, seed=p.seed, log_every=a.log_every,
+                    checkpoint_every=a.checkpoint_every, d=d, log=log, restart=restart, compile=p.runtime.compile,
+                    command="python -m tadm asrd-model")
     summary = {"run": "asrd_mdlm", "steps": a.train_steps, "parameters": sum(q.numel() for q in model.parameters()),
                "sequences": len(x), "layout": {"prompt_tokens": a.prompt_tokens, "response_tokens": a.response_tokens},
                "final_loss": history[-1]["loss"] if history else None}

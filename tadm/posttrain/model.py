@@ -4,7 +4,8 @@
   MoE fields small, a one-layer vision tower the class always builds but text never uses).
 - ``load_base``: ``DiffusionGemmaForBlockDiffusion.from_pretrained`` of a hub id or a local
   directory (the paper profile: DiffusionGemma-26B in bf16; the default profile: the
-  checkpoint the ``dg_base`` stage wrote). Frozen, eval mode.
+  checkpoint the ``dg_base`` stage wrote), read in its precision straight onto its device
+  (no full fp32 copy on the host per process). Frozen, eval mode.
 - ``save_fusion`` / ``load_fusion``: the fusion's weights as safetensors next to a JSON record
   of its shape, the split and the base it belongs to.
 """
@@ -23,6 +24,7 @@ from tadm.io import atomic_path, atomic_write_json
 from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma
 from tadm.posttrain.backbone import SplitDiffusionGemma
 from tadm.posttrain.fusion import PairedAttentionFusion
+from tadm.runtime import CPU, host
 
 BASE_DIR = Path("models/dg_base")  # the default profile's trained base
 TADM_DIR = Path("models/dg_tadm")  # the trained fusion
@@ -56,16 +58,22 @@ def base_source(p: Params, root: Path = Path(".")) -> str:
     return str(root / BASE_DIR) if p.posttrain.base_model == "local" else p.posttrain.base_model
 
 
-def load_base(source: str | Path, precision: str = "fp32", device: str | torch.device = "cpu"):
-    """The frozen DiffusionGemmaForBlockDiffusion from a hub id or a local directory."""
+def load_base(source: str | Path, precision: str = "fp32", device: str | torch.device = CPU):
+    """The frozen DiffusionGemmaForBlockDiffusion from a hub id or a local directory.
+
+    The weights are read in `precision` (the paper: bf16) and placed directly on `device`
+    (``device_map={"": device}``, low-memory loading), so that each of N processes holds only
+    its GPU copy, not a full-precision copy of a 26B model in host memory."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
     local = Path(source).expanduser()
     if (str(source).startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
         raise DataError(f"{local}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro dg_base)")
+    device = torch.device(device)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(local) if local.exists() else str(source),
-                                                            dtype=DTYPES[precision])
-    return model.to(device).eval().requires_grad_(False)
+                                                            dtype=DTYPES[precision], low_cpu_mem_usage=True,
+                                                            device_map={"": device})
+    return model.eval().requires_grad_(False)
 
 
 def build_tadm(base, p: Params) -> TimeAnchoredDiffusionGemma:
@@ -79,7 +87,7 @@ def build_tadm(base, p: Params) -> TimeAnchoredDiffusionGemma:
 def save_fusion(tadm: TimeAnchoredDiffusionGemma, out_dir: Path, base: str, extra: dict | None = None) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.detach().float().contiguous().cpu() for k, v in tadm.fusion.state_dict().items()}
+    weights = {k: host(v).float().contiguous() for k, v in tadm.fusion.state_dict().items()}
     with atomic_path(out_dir / "fusion.safetensors") as tmp:
         save_file(weights, str(tmp))
     record = {"hidden_size": tadm.fusion.hidden_size, "rank": tadm.fusion.rank, "split": list(tadm.split.split),

@@ -16,6 +16,9 @@ D(Phi(S(z); C0, H0)) is trained with
 
 the teacher being the frozen model with a fresh anchor, D(A(S(z))). At k = 0 the fusion
 returns H0 exactly (c = C0), so that part of the batch only anchors the loss value.
+
+Every random draw comes from the generator it is given, on that generator's device (a CUDA
+generator draws CUDA tensors), so a training step is reproducible on any device.
 """
 
 from __future__ import annotations
@@ -35,17 +38,25 @@ from tadm.posttrain.data import CanvasBatch
 
 
 def antithetic_times(n: int, gen: torch.Generator, device=None, eps: float = 1e-3) -> torch.Tensor:
-    """n times in (eps, 1): one uniform offset, evenly spread (low-variance, MDLM-style)."""
-    u = torch.rand((), generator=gen, device=device)
-    t = (torch.arange(n, device=device) + u) / n
+    """n times in (eps, 1): one uniform offset, evenly spread (low-variance, MDLM-style); drawn
+    on the generator's device, returned on `device` (default: the generator's)."""
+    u = torch.rand((), generator=gen, device=gen.device)
+    device = gen.device if device is None else device
+    t = (torch.arange(n, device=device) + u.to(device)) / n
     return eps + (1 - eps) * t
 
 
 def uniform_noise(x: torch.Tensor, t: torch.Tensor, vocab_size: int, gen: torch.Generator) -> torch.Tensor:
     """Replace each token by a uniform random one with probability t (per row)."""
-    replace = torch.rand(x.shape, generator=gen, device=x.device) < t[:, None]
-    noise = torch.randint(0, vocab_size, x.shape, generator=gen, device=x.device)
+    replace = torch.rand(x.shape, generator=gen, device=gen.device).to(x.device) < t[:, None]
+    noise = torch.randint(0, vocab_size, x.shape, generator=gen, device=gen.device).to(x.device)
     return torch.where(replace, noise, x)
+
+
+def _config(model):
+    """The transformers config of a model that may be wrapped in DDP (``.module``) or
+    torch.compile (which forwards attribute reads)."""
+    return getattr(model, "module", model).config
 
 
 def decoder_logits(model, batch: CanvasBatch, z: torch.Tensor, sc_logits=None, sc_mask=None) -> torch.Tensor:
@@ -57,10 +68,10 @@ def decoder_logits(model, batch: CanvasBatch, z: torch.Tensor, sc_logits=None, s
 
 def base_loss(model, batch: CanvasBatch, gen: torch.Generator, self_cond_p: float) -> torch.Tensor:
     """Mean cross-entropy of the clean canvas from its uniform-noised version."""
-    vocab = model.config.text_config.vocab_size
+    vocab = _config(model).text_config.vocab_size
     t = antithetic_times(len(batch.target), gen, batch.target.device)
     z = uniform_noise(batch.target, t, vocab, gen)
-    use_sc = torch.rand(len(z), generator=gen, device=z.device) < self_cond_p
+    use_sc = torch.rand(len(z), generator=gen, device=gen.device).to(z.device) < self_cond_p
     sc = None
     if use_sc.any():
         with torch.no_grad():
@@ -91,14 +102,14 @@ class Rollout:
 
     def step(self, z: torch.Tensor, tempered: torch.Tensor, cur_step: int, gen: torch.Generator) -> torch.Tensor:
         probs = torch.softmax(tempered, dim=-1, dtype=torch.float32)
-        draw = torch.multinomial(probs.flatten(0, 1), 1, generator=gen).view(z.shape)
+        draw = torch.multinomial(probs.flatten(0, 1).to(gen.device), 1, generator=gen).view(z.shape).to(z.device)
         accepted = self.sampler.accept_canvas(z, draw, tempered, cur_step)
-        noise = torch.randint(0, self.vocab, z.shape, generator=gen, device=z.device)
+        noise = torch.randint(0, self.vocab, z.shape, generator=gen, device=gen.device).to(z.device)
         return torch.where(self.sampler.accepted_token_mask, accepted, noise)
 
 
 def draw_cache_age(probs: list[float], gen: torch.Generator) -> int:
-    return int(torch.multinomial(torch.tensor(probs, dtype=torch.float64), 1, generator=gen))
+    return int(torch.multinomial(torch.tensor(probs, dtype=torch.float64, device=gen.device), 1, generator=gen))
 
 
 def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: torch.Generator, cfg,
@@ -116,7 +127,7 @@ def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: 
         step = rollout.cur_step(float(t.mean()))
         inputs = split.prepare(z, cache, mask)  # shapes and cache only: the same for every pass below
         sc = None
-        if float(torch.rand((), generator=gen)) < cfg.self_cond_p:
+        if float(torch.rand((), generator=gen, device=gen.device)) < cfg.self_cond_p:
             sc = rollout.tempered(split.denoise(split.anchor(split.shared(z, inputs), inputs), inputs), step)
         c0 = split.shared(z, inputs, sc)
         h0 = split.anchor(c0, inputs)
@@ -138,4 +149,5 @@ def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: 
     ce = F.cross_entropy(student.flatten(0, 1), batch.target.flatten())
     kd = F.kl_div(F.log_softmax(student / tau, -1).flatten(0, 1), F.log_softmax(teacher / tau, -1).flatten(0, 1),
                   log_target=True, reduction="batchmean") * tau**2
-    return ce + cfg.kd_weight * kd, {"ce": float(ce.detach()), "kd": float(kd.detach()), "age": k}
+    # the logged terms stay on the device: the loop reads them once per logged step
+    return ce + cfg.kd_weight * kd, {"ce": ce.detach(), "kd": kd.detach(), "age": k}

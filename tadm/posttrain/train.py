@@ -1,9 +1,16 @@
 """Training loops of the post-train recipe: the default profile's base, and the fusion.
 
-Both use the pretraining trainer's machinery (``tadm.train``): torchrun/DDP setup, global
-batches walked from a seeded permutation, per-(step, micro-batch) generators -- so a resumed
-or multi-process run takes exactly the steps of a single uninterrupted one -- and atomic,
-hash-verified safetensors checkpoints that a changed config, data or code refuses to resume.
+Both use the pretraining trainer's machinery (``tadm.train``, ``tadm.runtime``): the device of
+``runtime.device``, DDP under torchrun, global batches walked from a seeded permutation,
+per-(step, micro-batch) generators -- so a resumed run takes exactly the steps of an
+uninterrupted one -- and atomic, hash-verified safetensors checkpoints that refuse to resume
+under other settings (``--restart`` moves them aside).
+
+Global batch: every process does ``grad_accum`` micro-batches of ``batch_size`` examples per
+step, so a step's global batch is batch_size x grad_accum x processes (the paper: 1 x 4 x 4
+GPUs = 16). The examples of a step and their random draws depend only on (seed, step) and the
+global batch size, so N processes give the results of 1 process with grad_accum x N (up to the
+order in which gradients are summed) -- not those of 1 process with the same grad_accum.
 
 - ``train_base``: the small DiffusionGemma from scratch on the SFT canvases, uniform-state
   block diffusion; AdamW, linear warm-up then cosine to 10%, fp32; saved with
@@ -18,30 +25,39 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
+from tadm import runtime
 from tadm.config import Params
 from tadm.io import atomic_write_json, sha256_file
 from tadm.posttrain import model as dgm
 from tadm.posttrain.data import SftCanvases
 from tadm.posttrain.objective import Rollout, base_loss, posttrain_loss
+from tadm.runtime import Dist, all_mean
 from tadm.train import checkpoint
-from tadm.train.trainer import Dist, GlobalBatches, _seed, all_mean, setup_distributed
+from tadm.train.trainer import GlobalBatches, _seed, adamw, check_resumable, restart_if_asked, wrap
 
 SFT_DIR = Path("data/sft")
 # code a checkpoint depends on (a change refuses to resume it): the base's run and the fusion's
 CODE = {"dg_base": ("posttrain/data.py", "posttrain/objective.py", "posttrain/model.py", "posttrain/train.py",
                     "train/checkpoint.py")}
 CODE["dg_posttrain"] = CODE["dg_base"] + ("posttrain/backbone.py", "posttrain/fusion.py", "posttrain/anchored.py")
+# Settings that define each run's objective (recorded in its checkpoints; a change is refused).
+# The steps stay in: both runs decay the learning rate on a cosine that ends at their `steps`,
+# so more steps change the learning rate of every step after warm-up -- a run cannot be
+# extended, only restarted. What is left out: logging and checkpoint cadence, Table 1's
+# evaluation, and (for the fusion) the base section, whose weights are fingerprinted themselves.
+BASE_KEYS = ("base", "shared_layers", "anchor_layers", "denoiser_layers", "canvas_length", "max_context_tokens",
+             "self_cond_p", "grad_clip")
+FUSION_IGNORES = ("base", "checkpoint_every", "log_every", "refresh_every", "tasks", "task_sources", "eval_examples",
+                  "eval_batch_size", "seeds", "throughput_repeats")
 
 
 def cosine_lr(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -52,65 +68,86 @@ def cosine_lr(step: int, peak: float, warmup: int, total: int, min_ratio: float)
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _fingerprint(kind: str, p: Params, sft_dir: Path, extra: dict) -> str:
+def _settings(kind: str, p: Params, sft_dir: Path, extra: dict) -> dict:
     root = Path(__file__).resolve().parent.parent
-    files = [root / c for c in CODE[kind]]
-    payload = json.dumps({"kind": kind, "seed": p.seed, "posttrain": dataclasses.asdict(p.posttrain),
-                          "data": sha256_file(sft_dir / "manifest.json"), "extra": extra,
-                          "code": [sha256_file(f) for f in files]}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    pt = dataclasses.asdict(p.posttrain)
+    keep = (lambda k: k in BASE_KEYS) if kind == "dg_base" else (lambda k: k not in FUSION_IGNORES)
+    return {"kind": kind, "seed": p.seed, "posttrain": {k: v for k, v in pt.items() if keep(k)},
+            "data": sha256_file(sft_dir / "manifest.json"), "extra": extra,
+            "code": hashlib.sha256("".join(sha256_file(root / c) for c in CODE[kind]).encode()).hexdigest()}
+
+
+def micro_batches(indices: list[int], batch: int, micro: int, d: Dist) -> list[tuple[int, list[int]]]:
+    """This process's share of a step's global batch `indices` (batch * micro * world of them):
+    its m-th micro-batch is global micro-batch j = m * world + rank, examples
+    [j*batch, (j+1)*batch). Over all processes: every j once, whatever the world size."""
+    return [(j, indices[j * batch:(j + 1) * batch]) for j in (m * d.world + d.rank for m in range(micro))]
 
 
 def _loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps: int, batch: int, micro: int,
           n_data: int, lr_at: Callable[[int], float], opt: torch.optim.Optimizer, clip: float, run_dir: Path,
-          fingerprint: str, seed: int, log_every: int, checkpoint_every: int, d: Dist, log=print) -> list[dict]:
-    """Optimise `module`'s trainable parameters; `loss_fn(ddp_module, indices, gen)` -> (loss, logs)."""
+          settings: dict[str, Any] | str, seed: int, log_every: int, checkpoint_every: int, d: Dist, log=print,
+          restart: bool = False, compile: bool = False, command: str | None = None) -> list[dict]:
+    """Optimise `module`'s trainable parameters; `loss_fn(net, indices, gen)` -> (loss, logs).
+
+    Each process does `micro` micro-batches of `batch` examples per step: global micro-batch
+    j = m * world + rank (this process's m-th) takes examples [j*batch, (j+1)*batch) of the
+    step's global batch (batch * micro * world indices of the seeded data order) and draws
+    from a generator seeded by (seed, step, j). `settings` define the run (a checkpoint of other
+    settings is refused); `restart` moves old checkpoints aside; `compile` -> torch.compile of
+    the trained module's forward; `command` is named in errors as the one to rerun."""
     params = {n: p for n, p in module.named_parameters() if p.requires_grad}
     names = list(params)
+    quiet = log if d.main else (lambda *_: None)
+    if d.world > 1:
+        quiet(f"[{name}] {d.world} processes on {d.device.type}, {micro} micro-batches of {batch} each per step "
+              f"(global batch {batch * micro * d.world})")
+    hint = f"`{command or 'python -m tadm ' + name.replace('_', '-')} --restart`"
+    restart_if_asked(run_dir, restart, d, quiet)
     start, history = 0, []
-    state = checkpoint.load_latest(run_dir, names, fingerprint, log=log if d.main else (lambda *_: None))
+    fp = settings if isinstance(settings, str) else checkpoint.fingerprint(settings)
+    state = checkpoint.load_latest(run_dir, names, settings, log=quiet, restart=hint)
     if state is not None:
-        module.load_state_dict(state.model, strict=False)
-        opt.load_state_dict(state.optimizer)
+        check_resumable(state, steps, "steps", hint)
+        module.load_state_dict(state.model, strict=False)  # host tensors copied onto the module's device
+        checkpoint.restore_optimizer(opt, state.optimizer)
         start, history = state.step, state.extra["history"]
-        if d.main:
-            log(f"[{name}] resumed from step {start}")
-    ddp = torch.nn.parallel.DistributedDataParallel(module) if d.world > 1 else module
-    if micro % d.world:
-        raise ValueError(f"{name}: {micro} micro-batches per step must divide among {d.world} processes")
-    order = GlobalBatches(n_data, batch * micro, seed)
-    mine = [j for j in range(micro) if j % d.world == d.rank]
+        quiet(f"[{name}] resumed from step {start}")
+        del state
+    ddp, net = wrap(module, d, compile)
+    order = GlobalBatches(n_data, batch * micro * d.world, seed)
     bar = tqdm(range(start, steps), initial=start, total=steps, desc=f"train[{name}]", unit="step", disable=not d.main)
     t_last = time.perf_counter()
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        idx = order.indices(step)
-        total, logs = 0.0, {}
-        for k, j in enumerate(mine):
+        mine = micro_batches(order.indices(step), batch, micro, d)
+        total, logs = torch.zeros((), dtype=torch.float64, device=d.device), {}  # read once per logged step
+        for k, (j, examples) in enumerate(mine):
             gen = torch.Generator(device=d.device).manual_seed(_seed(seed, step, j))
             sync = ddp.no_sync() if (d.world > 1 and k < len(mine) - 1) else nullcontext()
             with sync:
-                loss, logs = loss_fn(ddp, idx[j * batch:(j + 1) * batch], gen)
+                loss, logs = loss_fn(net, examples, gen)
                 (loss / len(mine)).backward()
-            total += float(loss.detach()) / len(mine)
+            total += loss.detach().double() / len(mine)
         grad_norm = torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         done = step + 1
         if done % log_every == 0 or done == steps:
+            loss_value = all_mean(float(total), d)
             now = time.perf_counter()
-            history.append({"step": done, "loss": all_mean(total, d), "lr": lr_at(step), "grad_norm": float(grad_norm),
-                            "s_per_step": (now - t_last) / log_every, **logs})
+            history.append({"step": done, "loss": loss_value, "lr": lr_at(step), "grad_norm": float(grad_norm),
+                            "s_per_step": (now - t_last) / log_every,
+                            **{k: float(v) if torch.is_tensor(v) else v for k, v in logs.items()}})
             t_last = now
             bar.set_postfix(loss=f"{history[-1]['loss']:.3f}")
         if d.main and (done % checkpoint_every == 0 or done == steps):
             weights = {n: p.detach().clone() for n, p in params.items()}
-            checkpoint.save(run_dir, checkpoint.TrainState(done, weights, weights, opt.state_dict(),
-                                                           {"fingerprint": fingerprint, "history": history}),
+            extra = {"fingerprint": fp, "history": history, **({} if isinstance(settings, str) else {"settings": settings})}
+            checkpoint.save(run_dir, checkpoint.TrainState(done, weights, weights, opt.state_dict(), extra),
                             names, keep=1 if done == steps else 2)
-    if d.world > 1:
-        dist.barrier()
+    runtime.barrier(d)
     return history
 
 
@@ -122,11 +159,12 @@ def _pad_and_eos(tokenizer) -> tuple[int, int]:
     return pad, eos
 
 
-def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path("."), log=print) -> dict:
+def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path("."), log=print,
+               restart: bool = False) -> dict:
     """Train the default profile's DiffusionGemma on the SFT canvases (posttrain.base)."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    d = setup_distributed()
+    d = runtime.setup(p.runtime)
     b, pt = p.posttrain.base, p.posttrain
     pad, eos = _pad_and_eos(tokenizer)
     data = SftCanvases(sft_dir, "train", pt.canvas_length, pt.max_context_tokens, pad)
@@ -135,8 +173,8 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
     model.model.encoder.vision_tower.requires_grad_(False)
     model.model.encoder.embed_vision.requires_grad_(False)
     trainable = [q for q in model.parameters() if q.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=b.lr, betas=(0.9, 0.99), weight_decay=b.weight_decay)
-    fp = _fingerprint("dg_base", p, sft_dir, {"vocab": len(tokenizer)})
+    opt = adamw(trainable, d.device, lr=b.lr, betas=(0.9, 0.99), weight_decay=b.weight_decay)
+    settings = _settings("dg_base", p, sft_dir, {"vocab": len(tokenizer)})
 
     def loss_fn(net, indices, gen):
         batch = data.batch(indices).to(d.device)
@@ -144,8 +182,9 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
 
     history = _loop("dg_base", model, loss_fn, steps=b.steps, batch=b.batch_size, micro=1, n_data=len(data),
                     lr_at=lambda s: cosine_lr(s, b.lr, b.warmup_steps, b.steps, 0.1), opt=opt, clip=pt.grad_clip,
-                    run_dir=root / "checkpoints" / "dg_base", fingerprint=fp, seed=p.seed, log_every=pt.log_every,
-                    checkpoint_every=pt.checkpoint_every, d=d, log=log)
+                    run_dir=root / "checkpoints" / "dg_base", settings=settings, seed=p.seed, log_every=pt.log_every,
+                    checkpoint_every=pt.checkpoint_every, d=d, log=log, restart=restart, compile=p.runtime.compile,
+                    command="python -m tadm dg-base")
     summary = {"run": "dg_base", "steps": b.steps, "parameters": sum(q.numel() for q in trainable),
                "decoder_layers": model.config.text_config.num_hidden_layers,
                "final_loss": history[-1]["loss"] if history else None}
@@ -156,11 +195,12 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
     return summary
 
 
-def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log=print) -> dict:
+def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log=print,
+                 restart: bool = False) -> dict:
     """TADM:Post-train: train the fusion of a frozen DiffusionGemma (posttrain section)."""
     from tadm.data.tokenizer import load_tokenizer
 
-    d = setup_distributed()
+    d = runtime.setup(p.runtime)
     pt = p.posttrain
     source = dgm.base_source(p, root)
     base = dgm.load_base(source, pt.precision, d.device)
@@ -172,11 +212,11 @@ def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log
     fusion = tadm.fusion.float().train()
     if d.main:
         log(f"fusion: {fusion.num_parameters:,} trainable parameters (rank {pt.fusion_rank}, split {tadm.split.split})")
-    opt = torch.optim.AdamW(fusion.parameters(), lr=pt.lr, betas=tuple(pt.betas), eps=1e-8, weight_decay=pt.weight_decay)
+    opt = adamw(fusion.parameters(), d.device, lr=pt.lr, betas=tuple(pt.betas), eps=1e-8, weight_decay=pt.weight_decay)
     rollout = Rollout(pt.sample_steps, pt.entropy_bound, tuple(pt.temperature), pt.canvas_length,
                       base.config.text_config.vocab_size)
-    fp = _fingerprint("dg_posttrain", p, sft_dir, {"base": source, "base_hash": _base_hash(source)})
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if pt.precision == "bf16" and d.device.type == "cuda" else nullcontext()
+    settings = _settings("dg_posttrain", p, sft_dir, {"base": source, "base_hash": _base_hash(source)})
+    autocast = runtime.autocast(d.device, pt.precision)
 
     def loss_fn(net, indices, gen):
         with autocast:
@@ -184,8 +224,9 @@ def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log
 
     history = _loop("dg_posttrain", fusion, loss_fn, steps=pt.steps, batch=pt.batch_size, micro=pt.grad_accum,
                     n_data=len(data), lr_at=lambda s: cosine_lr(s, pt.lr, pt.warmup_steps, pt.steps, pt.min_lr_ratio),
-                    opt=opt, clip=pt.grad_clip, run_dir=root / "checkpoints" / "dg_posttrain", fingerprint=fp,
-                    seed=p.seed, log_every=pt.log_every, checkpoint_every=pt.checkpoint_every, d=d, log=log)
+                    opt=opt, clip=pt.grad_clip, run_dir=root / "checkpoints" / "dg_posttrain", settings=settings,
+                    seed=p.seed, log_every=pt.log_every, checkpoint_every=pt.checkpoint_every, d=d, log=log,
+                    restart=restart, compile=p.runtime.compile, command="python -m tadm dg-posttrain")
     summary = {"run": "dg_posttrain", "steps": pt.steps, "fusion_parameters": fusion.num_parameters,
                "split": list(tadm.split.split), "base_model": source,
                "final_loss": history[-1]["loss"] if history else None}

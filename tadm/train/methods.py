@@ -12,6 +12,12 @@ every method on the same footing (nats per sequence; the trainer divides by toke
   gamma = 0 the training-only anchor head is frozen: nothing ever updates it.
 - SEDD: the absorbing score-entropy loss (itself an upper bound on the NLL).
 - AR: next-token cross-entropy (an exact NLL).
+
+Every diffusion objective reads only the positions masked in z_t (SUBS: an unmasked position
+contributes exactly 0), so the methods hand the model a `Readout` (tadm.losses): its LM head
+and the cross-entropy run, chunked, on the masked rows only, inside the model's forward (a
+DDP-wrapped model sees its head used through forward). The full-logits definitions in
+tadm.losses remain the reference they are tested against (tests/test_losses_fast.py).
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import torch
 from tadm.config import Params
 from tadm.errors import ConfigError
 from tadm.forward_process import mask_tokens, sample_times, stale_pair
-from tadm.losses import adlm_anchor_loss, ar_nll, mdlm_nelbo, sedd_score_entropy, subs_log_probs, t_anelbo
+from tadm.losses import (
+    adlm_anchor_readout, ar_nll, nelbo_from_rows, sedd_readout, sedd_score_entropy_rows, subs_readout, t_anelbo_rows,
+)
 from tadm.models import build_model
 from tadm.schedule import LogLinearSchedule
 
@@ -57,7 +65,8 @@ class MDLMMethod(Method):
 
     def nelbo(self, model, x, gen):
         t, z_t = self._noised(x, gen)
-        return mdlm_nelbo(subs_log_probs(model(z_t), z_t, self.mask_id), x, z_t, t, self.schedule, self.mask_id)
+        ce = model(z_t, readout=subs_readout(z_t, x, self.mask_id))
+        return nelbo_from_rows(ce, t, self.schedule)
 
 
 class ADLMMethod(Method):
@@ -65,14 +74,14 @@ class ADLMMethod(Method):
 
     def _terms(self, model, x, gen):
         t, z_t = self._noised(x, gen)
-        logits, anchor_logits = model(z_t)
-        nelbo = mdlm_nelbo(subs_log_probs(logits, z_t, self.mask_id), x, z_t, t, self.schedule, self.mask_id)
-        return nelbo, anchor_logits, z_t, t
+        ce, anchor_logits = model(z_t, readout=subs_readout(z_t, x, self.mask_id))
+        return nelbo_from_rows(ce, t, self.schedule), anchor_logits, z_t, t
 
     def loss(self, model, x, gen, progress=1.0):
         nelbo, anchor_logits, z_t, t = self._terms(model, x, gen)
         gamma = self.p.train.gamma * min(1.0, progress / ADLM_RAMP)
-        return nelbo + gamma * adlm_anchor_loss(anchor_logits, x, z_t, t, self.schedule, self.mask_id)
+        anchor_ce = adlm_anchor_readout(z_t, x, self.mask_id)(anchor_logits)
+        return nelbo + gamma * nelbo_from_rows(anchor_ce, t, self.schedule)
 
     def nelbo(self, model, x, gen):
         return self._terms(model, x, gen)[0]
@@ -95,18 +104,19 @@ class TADMMethod(Method):
         t = sample_times(x.shape[0], EPS, True, gen, x.device)
         pair = stale_pair(x, t, self.schedule, self.mask_id, self.p.train.refresh_choices,
                           self.p.train.budget_choices, gen)
-        if self.gamma > 0:
-            logits, anchor_logits = model(pair.z_t, pair.z_tprime, return_anchor_logits=True)
+        readout = subs_readout(pair.z_t, x, self.mask_id)
+        if self.gamma > 0:  # the anchor head scores the rows masked in z_t'
+            ce, anchor_ce = model(pair.z_t, pair.z_tprime, readout=readout,
+                                  anchor_readout=subs_readout(pair.z_tprime, x, self.mask_id))
         else:
-            logits, anchor_logits = model(pair.z_t, pair.z_tprime), None
-        log_probs = subs_log_probs(logits, pair.z_t, self.mask_id)
-        total, _ = t_anelbo(log_probs, anchor_logits, x, pair, self.schedule, self.mask_id, self.gamma)
+            ce, anchor_ce = model(pair.z_t, pair.z_tprime, readout=readout), None
+        total, _ = t_anelbo_rows(ce, anchor_ce, pair, self.schedule, self.gamma)
         return total
 
     def nelbo(self, model, x, gen):
         t, z_t = self._noised(x, gen)
-        logits = model(z_t, z_t)  # fresh anchor: the cache age is 0
-        return mdlm_nelbo(subs_log_probs(logits, z_t, self.mask_id), x, z_t, t, self.schedule, self.mask_id)
+        ce = model(z_t, z_t, readout=subs_readout(z_t, x, self.mask_id))  # fresh anchor: cache age 0
+        return nelbo_from_rows(ce, t, self.schedule)
 
 
 class SEDDMethod(Method):
@@ -114,7 +124,7 @@ class SEDDMethod(Method):
 
     def nelbo(self, model, x, gen):
         t, z_t = self._noised(x, gen)
-        return sedd_score_entropy(model(z_t), x, z_t, t, self.schedule, self.mask_id)
+        return sedd_score_entropy_rows(model(z_t, readout=sedd_readout(z_t, x, self.mask_id)), t, self.schedule)
 
 
 class ARMethod(Method):

@@ -1,14 +1,28 @@
 """One training loop for every method (MDLM, ADLM, TADM, SEDD, AR).
 
-Read it top to bottom: set up (DDP when launched by torchrun), build the method's model,
-resume from the newest good checkpoint of this run, then loop: assemble the global batch,
-accumulate micro-batch gradients, clip, AdamW step, EMA update, log, evaluate, checkpoint.
-At the end the EMA weights are saved as a ``from_pretrained``-style model directory.
+Read it top to bottom: set up (``tadm.runtime``: the device of ``runtime.device``, DDP when
+launched by torchrun), build the method's model, resume from the newest good checkpoint of
+this run, then loop: assemble the global batch, accumulate micro-batch gradients, clip, AdamW
+step, EMA update, log, evaluate, checkpoint. At the end the EMA weights are saved as a
+``from_pretrained``-style model directory.
 
 Determinism: every random draw of a step comes from generators seeded by (seed, step,
-micro-batch index), and the data order from (seed, epoch). Nothing random is carried between
-steps, so a run resumed from a checkpoint takes exactly the steps it would have taken, and
-N processes compute the same global batch as one process.
+micro-batch index) -- dropout's too: it draws from the global generators, which are reseeded
+that way per micro-batch when model.dropout > 0 -- and the data order from (seed, epoch).
+Nothing random is carried between steps (there is no RNG state to checkpoint), so a run
+resumed from a checkpoint takes exactly the steps it would have taken, and N processes
+compute the same global batch as one process.
+
+Resuming: a checkpoint records the settings that define the objective (:func:`run_settings`);
+other settings are refused with a one-line error naming the changed keys, never deleted
+(``tadm train NAME --restart`` moves them aside). ``train.steps`` is not one of them (except
+for ADLM, whose anchor weight ramps over a fraction of it): the learning rate is constant after
+warm-up, so a finished run extended to more steps continues exactly as a longer run would.
+
+Speed on a GPU: AdamW's fused kernel, a multi-tensor EMA update, one host sync per logged step
+(the loss is accumulated on the device), ``runtime.compile`` -> ``torch.compile`` of the
+training forward, bf16 autocast (``train.precision``). The CPU path keeps torch's default
+AdamW so that CPU trajectories do not depend on these.
 """
 
 from __future__ import annotations
@@ -19,20 +33,20 @@ import hashlib
 import io
 import json
 import math
-import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
+from tadm import runtime
 from tadm.config import Params
 from tadm.data.packing import PackedTokens
-from tadm.errors import ConfigError, DataError
+from tadm.errors import ConfigError, DataError, TadmError
 from tadm.io import atomic_write_json, atomic_write_text, sha256_file
+from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
 from tadm.train import checkpoint
 from tadm.train.methods import Method, get_method
 
@@ -48,41 +62,41 @@ class RunPaths:
         return cls(root / "checkpoints" / name, root / "models" / name, root / "metrics" / "train" / name)
 
 
-# ----------------------------------------------------------------------------- distributed
+# ----------------------------------------------------------------------------- devices
 
 
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
+def adamw(params, device: torch.device, **kwargs) -> torch.optim.AdamW:
+    """AdamW: the fused kernel on a GPU; torch's default implementation on the CPU (so CPU
+    trajectories stay what they were)."""
+    on_gpu = torch.device(device).type != runtime.CPU.type
+    return torch.optim.AdamW(params, **kwargs, **({"fused": True} if on_gpu else {}))
 
 
-def setup_distributed() -> Dist:
-    """Join the process group torchrun describes (gloo on CPU, nccl on GPU), or run alone."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if world == 1:
-        return Dist(0, 1, device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Dist(dist.get_rank(), world, device)
+def wrap(model: torch.nn.Module, d: Dist, compile: bool = False) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(ddp, net): `model` in DDP when there are several processes, and the module the training
+    forward calls -- ``torch.compile`` of it when `compile`. Weights are read and saved through
+    `model` itself, so state_dict names carry no DDP / compile prefix."""
+    ddp = model
+    if d.world > 1:
+        ids = [d.device.index] if d.device.type != runtime.CPU.type else None
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return ddp, (torch.compile(ddp) if compile else ddp)
 
 
-def all_mean(value: float, d: Dist) -> float:
-    if d.world == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=d.device if d.device.type == "cuda" else "cpu")
-    dist.all_reduce(t)
-    return t.item() / d.world
+def restart_if_asked(run_dir: Path, restart: bool, d: Dist, log=print) -> None:
+    """``--restart``: the main process moves the run's checkpoints aside (never deletes them);
+    every process waits for it before looking for checkpoints."""
+    if restart and d.main:
+        moved = checkpoint.move_aside(run_dir)
+        log(f"{run_dir}: moved aside to {moved}, starting fresh" if moved else f"{run_dir}: nothing to move aside")
+    if restart:
+        runtime.barrier(d)
+
+
+def check_resumable(state: checkpoint.TrainState, steps: int, key: str, restart: str) -> None:
+    if state.step > steps:
+        raise TadmError(f"the newest checkpoint is at step {state.step}, beyond {key} = {steps}: raise {key} to "
+                        f"continue it, or start over with {restart}")
 
 
 # ----------------------------------------------------------------------------- data order
@@ -127,8 +141,13 @@ class EMA:
 
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
-        for n, p in model.named_parameters():
-            self.shadow[n].mul_(self.decay).add_(p.detach().float(), alpha=1 - self.decay)
+        """shadow <- decay * shadow + (1 - decay) * param, as two multi-tensor ops (one kernel
+        launch each on a GPU); on the CPU the same per-tensor mul_ / add_ as a loop, bit for bit."""
+        named = list(model.named_parameters())
+        shadows = [self.shadow[n] for n, _ in named]
+        params = [p.detach().float() for _, p in named]
+        torch._foreach_mul_(shadows, self.decay)
+        torch._foreach_add_(shadows, params, alpha=1 - self.decay)
 
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The model's state_dict with EMA values in place of parameters."""
@@ -138,8 +157,9 @@ class EMA:
         return sd
 
     def load(self, sd: dict[str, torch.Tensor]) -> None:
-        for n in self.shadow:
-            self.shadow[n] = sd[n].float().clone()
+        """Copy saved EMA values (on the host) into the shadow, which stays on the model's device."""
+        for n, v in self.shadow.items():
+            v.copy_(sd[n])
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -162,12 +182,30 @@ def code_hash() -> str:
     return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
 
 
+# train keys that do not change what is optimised: a checkpoint resumes across changes of them.
+# train.steps: the warm-up schedule is constant after warm-up, so extending a run is exact --
+# except for the model types in STEPS_IN_OBJECTIVE. (train.precision stays: bf16 autocast
+# changes the trajectory; the runtime section -- device, precision of inference, tf32, nproc,
+# compile -- is not part of a run's identity at all.)
+NOT_FINGERPRINTED = ("models", "steps", "log_every", "eval_every", "eval_sequences", "checkpoint_every")
+# ADLM's anchor weight ramps over the first ADLM_RAMP of train.steps (methods.py: progress =
+# step / train.steps), so for it train.steps is part of the objective
+STEPS_IN_OBJECTIVE = ("adlm",)
+
+
+def run_settings(name: str, p: Params, data_manifest: Path, method: Method | None = None) -> dict:
+    """What defines a run's trajectory: the method, the model, the training knobs that change
+    the objective, the seed, the data and the code (recorded in every checkpoint)."""
+    model_type = method.model_type if method is not None else get_method(name, p).model_type
+    train = {k: v for k, v in dataclasses.asdict(p.train).items()
+             if k not in NOT_FINGERPRINTED or (k == "steps" and model_type in STEPS_IN_OBJECTIVE)}
+    return {"name": name, "seed": p.seed, "model": dataclasses.asdict(p.model), "train": train,
+            "data": sha256_file(data_manifest), "code": code_hash()}
+
+
 def fingerprint(name: str, p: Params, data_manifest: Path) -> str:
-    """Identity of a run: the method, the model and training knobs, the data and the code."""
-    payload = json.dumps({"name": name, "seed": p.seed, "model": dataclasses.asdict(p.model),
-                          "train": dataclasses.asdict(p.train), "data": sha256_file(data_manifest),
-                          "code": code_hash()}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    """Identity of a run (the hash of :func:`run_settings`)."""
+    return checkpoint.fingerprint(run_settings(name, p, data_manifest))
 
 
 @torch.no_grad()
@@ -176,15 +214,15 @@ def evaluate(method: Method, model: torch.nn.Module, data: PackedTokens, p: Para
     noise, so that numbers are comparable across steps and runs."""
     model.eval()
     n = min(len(data), p.train.eval_sequences)
-    total, tokens = 0.0, 0
+    total, tokens = torch.zeros((), dtype=torch.float64, device=d.device), 0  # summed on the device
     for j, start in enumerate(range(0, n, p.train.micro_batch)):
         x = torch.stack([torch.from_numpy(data[i]) for i in range(start, min(n, start + p.train.micro_batch))])
         gen = torch.Generator(device=d.device).manual_seed(_seed(p.seed, 0xE7A1, j))
         nll = method.nelbo(model, x.to(d.device), gen)
-        total += nll.sum().item()
+        total += nll.sum().double()
         tokens += x.numel()
     model.train()
-    return total / tokens
+    return float(total) / tokens
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
@@ -198,9 +236,12 @@ def _write_rows(path: Path, rows: list[dict]) -> None:
 
 
 def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path = Path("."),
-          log=print) -> dict:
-    """Train run `name` (one of train.models) to train.steps; resume if interrupted."""
-    d = setup_distributed()
+          log=print, restart: bool = False) -> dict:
+    """Train run `name` (one of train.models) to train.steps; resume if interrupted.
+
+    `restart`: move the run's checkpoints aside (``checkpoints/<name>.old-<step>``) and start
+    fresh instead of resuming."""
+    d = runtime.setup(p.runtime)
     method = get_method(name, p)
     paths = RunPaths.for_run(name, root)
     n_micro = p.train.global_batch // p.train.micro_batch
@@ -217,29 +258,36 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     torch.manual_seed(_seed(p.seed, 0x1417))  # identical initial weights on every rank
     model = method.build_model(vocab, seq_len).to(d.device)
     names = [n for n, _ in model.named_parameters()]
-    opt = torch.optim.AdamW(model.parameters(), lr=p.train.lr, betas=tuple(p.train.betas),
-                            eps=p.train.eps, weight_decay=p.train.weight_decay)
+    opt = adamw(model.parameters(), d.device, lr=p.train.lr, betas=tuple(p.train.betas), eps=p.train.eps,
+                weight_decay=p.train.weight_decay)
     ema = EMA(model, p.train.ema)
-    fp = fingerprint(name, p, manifest)
+    settings = run_settings(name, p, manifest, method)
+    fp = checkpoint.fingerprint(settings)
 
+    quiet = log if d.main else (lambda *_: None)
+    if d.world > 1:
+        quiet(f"[{name}] {d.world} processes on {d.device.type}, {n_micro // d.world} micro-batches of "
+              f"{p.train.micro_batch} each per step (global batch {p.train.global_batch})")
+    hint = f"`python -m tadm train {name} --restart`"
+    restart_if_asked(paths.checkpoints, restart, d, quiet)
     start, history, evals, init_nelbo = 0, [], [], None
-    state = checkpoint.load_latest(paths.checkpoints, names, fp, log=log if d.main else (lambda *_: None))
+    state = checkpoint.load_latest(paths.checkpoints, names, settings, log=quiet, restart=hint)
     if state is not None:
-        model.load_state_dict(state.model)
+        check_resumable(state, p.train.steps, "train.steps", hint)
+        model.load_state_dict(state.model)  # host tensors copied into the model on its device
         ema.load(state.ema)
-        opt.load_state_dict(state.optimizer)
+        checkpoint.restore_optimizer(opt, state.optimizer)
         start, history, evals = state.step, state.extra["history"], state.extra["evals"]
         init_nelbo = state.extra["init_nelbo"]
-        if d.main:
-            log(f"[{name}] resumed from step {start}")
+        quiet(f"[{name}] resumed from step {start}")
+        del state
     if init_nelbo is None:
         init_nelbo = evaluate(method, model, valid_data, p, d)
         evals.append({"step": 0, "val_nelbo": init_nelbo, "val_ppl_bound": math.exp(min(init_nelbo, 50))})
 
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
+    ddp, net = wrap(model, d, p.runtime.compile)
     batches = GlobalBatches(len(train_data), p.train.global_batch, p.seed)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
-                if p.train.precision == "bf16" and d.device.type == "cuda" else nullcontext())
+    autocast = runtime.autocast(d.device, p.train.precision)
     mine = [j for j in range(n_micro) if j % d.world == d.rank]
     tokens_per_step = p.train.global_batch * seq_len
     bar = tqdm(range(start, p.train.steps), initial=start, total=p.train.steps, desc=f"train[{name}]",
@@ -249,18 +297,20 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, p)
         idx = batches.indices(step)
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)  # read once per logged step
         for k, j in enumerate(mine):
             chunk = idx[j * p.train.micro_batch:(j + 1) * p.train.micro_batch]
             x = torch.stack([torch.from_numpy(train_data[i]) for i in chunk]).to(d.device)
             gen = torch.Generator(device=d.device).manual_seed(_seed(p.seed, step, j))
+            if p.model.dropout:  # dropout draws from the global generators: seed them the same way
+                torch.manual_seed(_seed(p.seed, step, j, 0xD809))
             sync = ddp.no_sync() if (d.world > 1 and k < len(mine) - 1) else nullcontext()
             with sync:
                 with autocast:
-                    per_seq = method.loss(ddp, x, gen, progress=step / p.train.steps)
+                    per_seq = method.loss(net, x, gen, progress=step / p.train.steps)
                     loss = per_seq.float().sum() / x.numel()
                 (loss / len(mine)).backward()
-            loss_sum += loss.item()
+            loss_sum += loss.detach().double()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.train.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -269,8 +319,9 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
         done = step + 1
 
         if done % p.train.log_every == 0 or done == p.train.steps:
+            train_loss = all_mean(float(loss_sum) / len(mine), d)  # the host sync of the interval
             now = time.perf_counter()
-            row = {"step": done, "train_loss": all_mean(loss_sum / len(mine), d), "lr": learning_rate(step, p),
+            row = {"step": done, "train_loss": train_loss, "lr": learning_rate(step, p),
                    "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_step * steps_since / (now - t_last)}
             history.append(row)
             t_last, steps_since = now, 0
@@ -283,7 +334,8 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
             model.load_state_dict(live)
             evals.append({"step": done, "val_nelbo": nelbo, "val_ppl_bound": math.exp(min(nelbo, 50))})
         if d.main and (done % p.train.checkpoint_every == 0 or done == p.train.steps):
-            extra = {"fingerprint": fp, "history": history, "evals": evals, "init_nelbo": init_nelbo}
+            extra = {"fingerprint": fp, "settings": settings, "history": history, "evals": evals,
+                     "init_nelbo": init_nelbo}
             # keep two while training (a kill mid-write still leaves one); at the end only the last
             state = checkpoint.TrainState(done, model.state_dict(), ema.state_dict(model), opt.state_dict(), extra)
             checkpoint.save(paths.checkpoints, state, names, keep=1 if done == p.train.steps else 2)
@@ -305,6 +357,5 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
         atomic_write_json(paths.metrics.with_suffix(".json"), summary)
         _write_rows(paths.metrics.with_suffix(".csv"), history)
         _write_rows(paths.metrics.parent / f"{name}_eval.csv", evals)
-    if d.world > 1:
-        dist.barrier()
+    runtime.barrier(d)
     return summary

@@ -1,4 +1,5 @@
-"""The post-train loop under torchrun: two gloo processes train the same fusion as one process,
+"""The post-train loop under torchrun: two gloo processes with grad_accum 1 train the same fusion
+as one process with grad_accum 2 (the same global batch: batch_size x grad_accum x processes),
 and a run killed mid-way resumes to the same weights (through the `tadm dg-posttrain` CLI)."""
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from tests.conftest import micro_raw, write_params
@@ -51,19 +53,25 @@ def workdir(micro_packed, tmp_path_factory) -> tuple[Path, Path]:
     return root, params
 
 
-def _cmd(workdir, nproc: int) -> list[str]:
-    root, params = workdir
+def _cmd(workdir, nproc: int, params: Path | None = None) -> list[str]:
+    root, default = workdir
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
-    return [*launcher, "-m", "tadm", "--params", str(params), "dg-posttrain", "--sft", str(root / "sft")]
+    return [*launcher, "-m", "tadm", "--params", str(params or default), "dg-posttrain", "--sft", str(root / "sft")]
 
 
-def _run(workdir, name: str, nproc: int = 1) -> tuple[Path, str]:
+def _run(workdir, name: str, nproc: int = 1, params: Path | None = None) -> tuple[Path, str]:
     cwd = workdir[0] / name
     if not cwd.exists():
         shutil.copytree(workdir[0] / "base", cwd)
-    proc = subprocess.run(_cmd(workdir, nproc), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(_cmd(workdir, nproc, params), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return cwd, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def straight(workdir) -> Path:
+    """One process, grad_accum 2, uninterrupted."""
+    return _run(workdir, "straight")[0]
 
 
 def _fusion(cwd: Path) -> dict:
@@ -74,17 +82,19 @@ def _losses(cwd: Path) -> list[float]:
     return [r["loss"] for r in json.loads((cwd / "metrics" / "posttrain" / "dg_posttrain.json").read_text())["history"]]
 
 
-def test_two_gloo_processes_train_the_fusion_like_one(workdir):
-    (one, _), (two, _) = _run(workdir, "one"), _run(workdir, "two", nproc=2)
-    assert _losses(one) == pytest.approx(_losses(two), rel=1e-5, abs=1e-6)
-    a, b = _fusion(one), _fusion(two)
+def test_two_gloo_processes_train_the_fusion_like_one_with_their_global_batch(workdir, straight):
+    raw = yaml.safe_load(workdir[1].read_text())
+    raw["posttrain"]["grad_accum"] = 1  # 2 processes x 1 micro-batch = 1 process x 2
+    two, out = _run(workdir, "two", nproc=2, params=write_params(workdir[0] / "params_two.yaml", raw))
+    assert "2 processes on cpu, 1 micro-batches of 2 each per step (global batch 4)" in out
+    assert _losses(straight) == pytest.approx(_losses(two), rel=1e-5, abs=1e-6)
+    a, b = _fusion(straight), _fusion(two)
     assert any(a["up.weight"].abs().flatten() > 0)  # it trained
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), k
 
 
-def test_a_killed_run_resumes_to_the_same_fusion(workdir):
-    straight, _ = _run(workdir, "straight")
+def test_a_killed_run_resumes_to_the_same_fusion(workdir, straight):
     cwd = workdir[0] / "killed"
     shutil.copytree(workdir[0] / "base", cwd)
     proc = subprocess.Popen(_cmd(workdir, 1), cwd=cwd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,7 +1,9 @@
 """Post-train training: one real step on the tiny DiffusionGemma, the paper path on local files,
-checkpoint resume of the loop, saving and loading the fusion."""
+checkpoint resume of the loop (and its refusal of other settings), the global batch's split
+across processes, saving and loading the fusion."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -14,8 +16,10 @@ from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import sampling_kwargs
 from tadm.posttrain.data import CanvasBatch
 from tadm.posttrain.objective import Rollout, antithetic_times, posttrain_loss, uniform_noise
-from tadm.posttrain.train import _loop, cosine_lr
-from tadm.train.trainer import Dist
+from tadm.posttrain.train import _loop, _settings, cosine_lr, micro_batches
+from tadm.runtime import Dist
+from tadm.train import checkpoint as ck
+from tadm.train.trainer import GlobalBatches
 
 
 def params(**kw) -> Params:
@@ -120,7 +124,7 @@ def test_cosine_schedule():
     assert cosine_lr(100, 1.0, 10, 100, 0.1) == pytest.approx(0.1)
 
 
-def _run(run_dir, steps):
+def _run(run_dir, steps, settings=None, restart=False, micro=2):
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 1)
     opt = torch.optim.AdamW(net.parameters(), lr=0.1)
@@ -128,10 +132,13 @@ def _run(run_dir, steps):
 
     def loss_fn(module, idx, gen):
         x = data[idx] + 0.1 * torch.randn(len(idx), 4, generator=gen)
-        return module(x).pow(2).mean(), {}
+        loss = module(x).pow(2).mean()
+        return loss, {"x_mean": x.mean(), "n": len(idx)}  # a logged tensor is read at log time
 
-    _loop("toy", net, loss_fn, steps=steps, batch=4, micro=2, n_data=32, lr_at=lambda s: 0.1, opt=opt, clip=1.0,
-          run_dir=run_dir, fingerprint="fp", seed=0, log_every=1, checkpoint_every=2, d=Dist(), log=lambda *_: None)
+    history = _loop("toy", net, loss_fn, steps=steps, batch=4, micro=micro, n_data=32, lr_at=lambda s: 0.1, opt=opt,
+                    clip=1.0, run_dir=run_dir, settings=settings or {"lr": 0.1}, seed=0, log_every=1,
+                    checkpoint_every=2, d=Dist(), log=lambda *_: None, restart=restart)
+    assert all(isinstance(r["x_mean"], float) and r["n"] == 4 for r in history)
     return net
 
 
@@ -140,3 +147,42 @@ def test_loop_resumes_to_the_same_weights(tmp_path):
     _run(tmp_path / "b", 4)  # "killed" after step 4 (checkpoints at 2 and 4)
     resumed = _run(tmp_path / "b", 6)
     assert torch.equal(straight.weight, resumed.weight) and torch.equal(straight.bias, resumed.bias)
+
+
+def test_loop_refuses_other_settings_and_restart_moves_them_aside(tmp_path):
+    _run(tmp_path / "run", 4, {"posttrain": {"lr": 0.1}})
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with pytest.raises(ck.SettingsChanged, match=r"posttrain\.lr \(0\.1 -> 0\.2\).*python -m tadm toy --restart"):
+        _run(tmp_path / "run", 4, {"posttrain": {"lr": 0.2}})
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    _run(tmp_path / "run", 2, {"posttrain": {"lr": 0.2}}, restart=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run.old-4").rglob("*") if p.is_file()} == before
+    assert (tmp_path / "run" / "latest").read_text().strip() == "step_000002"
+
+
+@pytest.mark.parametrize("world, accum", [(2, 2), (4, 1)])
+def test_a_global_batch_is_the_same_examples_and_draws_for_any_number_of_processes(world, accum):
+    """N processes x grad_accum G split what 1 process does with grad_accum N x G: the same
+    global micro-batches j (hence the same generator seeds) over the same examples."""
+    batch, step = 3, 5
+    one = micro_batches(GlobalBatches(50, batch * accum * world, 0).indices(step), batch, accum * world, Dist())
+    indices = GlobalBatches(50, batch * accum * world, 0).indices(step)
+    split = [mb for rank in range(world) for mb in micro_batches(indices, batch, accum, Dist(rank, world))]
+    assert len(split) == world * accum and all(len(ex) == batch for _, ex in split)
+    assert sorted(split) == sorted(one)
+
+
+def test_what_each_post_train_run_fingerprints(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"counts": {}}))
+    p = params()
+    fusion, base = _settings("dg_posttrain", p, tmp_path, {}), _settings("dg_base", p, tmp_path, {})
+    # Table 1's evaluation and the log / checkpoint cadence belong to neither run
+    q = params(**{"posttrain.tasks": ["gsm8k"], "posttrain.seeds": [5], "posttrain.log_every": 7,
+                  "posttrain.checkpoint_every": 9, "posttrain.eval_batch_size": 3, "runtime.nproc": 4})
+    assert _settings("dg_posttrain", q, tmp_path, {}) == fusion and _settings("dg_base", q, tmp_path, {}) == base
+    # the fusion's optimiser is not the base's run; the steps stay (the cosine ends at them)
+    q = params(**{"posttrain.lr": 1e-3, "posttrain.grad_accum": 2})
+    assert _settings("dg_base", q, tmp_path, {}) == base and _settings("dg_posttrain", q, tmp_path, {}) != fusion
+    assert _settings("dg_posttrain", params(**{"posttrain.steps": 7}), tmp_path, {}) != fusion
+    q = override(p, {"posttrain.base.steps": 7})
+    assert _settings("dg_base", q, tmp_path, {}) != base and _settings("dg_posttrain", q, tmp_path, {}) == fusion

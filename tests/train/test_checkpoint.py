@@ -84,9 +84,53 @@ def test_a_kill_during_the_write_leaves_no_visible_checkpoint(tmp_path, monkeypa
     assert ck.load_latest(tmp_path, names, "f").step == 1
 
 
-def test_a_checkpoint_of_another_run_is_not_resumed(tmp_path):
+def _files(d):
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_a_checkpoint_of_other_settings_is_refused_naming_them_and_kept(tmp_path):
+    settings = {"seed": 0, "train": {"lr": 1e-3, "gamma": 0.5}, "code": "a" * 64}
     state, names = _state(1)
+    state.extra.update(fingerprint=ck.fingerprint(settings), settings=settings)
     ck.save(tmp_path, state, names)
-    logs = []
-    assert ck.load_latest(tmp_path, names, "other-fingerprint", log=logs.append) is None
-    assert not list(tmp_path.glob("step_*")) and "starting fresh" in logs[0]
+    before = _files(tmp_path)
+    assert ck.load_latest(tmp_path, names, settings).step == 1
+    other = {"seed": 0, "train": {"lr": 2e-3, "gamma": 0.5, "new": 1}, "code": "b" * 64}
+    with pytest.raises(ck.SettingsChanged) as err:
+        ck.load_latest(tmp_path, names, other, restart="`tadm train x --restart`")
+    message = str(err.value)
+    assert "\n" not in message and "train.lr (0.001 -> 0.002)" in message and "train.new" in message
+    assert "code" in message  # a long value (a hash): named without its values
+    assert "`tadm train x --restart`" in message and "gamma" not in message
+    assert _files(tmp_path) == before  # nothing deleted
+    with pytest.raises(ck.SettingsChanged, match="not recorded"):  # a checkpoint with only a fingerprint
+        ck.load_latest(tmp_path, names, "other-fingerprint")
+
+
+def test_move_aside_renames_and_never_overwrites(tmp_path):
+    run = tmp_path / "checkpoints" / "run"
+    assert ck.move_aside(run) is None  # nothing there
+    for step in (1, 2):
+        state, names = _state(step)
+        ck.save(run, state, names)
+    before = _files(run)
+    moved = ck.move_aside(run)
+    assert moved == tmp_path / "checkpoints" / "run.old-2" and not run.exists() and _files(moved) == before
+    state, names = _state(2)
+    ck.save(run, state, names)
+    assert ck.move_aside(run) == tmp_path / "checkpoints" / "run.old-2-2" and _files(moved) == before
+
+
+def test_optimizer_state_resumes_with_the_optimizer_s_own_implementation(tmp_path):
+    state, names = _state(1)
+    saved = {**state.optimizer, "param_groups": [{**g, "foreach": True} for g in state.optimizer["param_groups"]]}
+    ck.save(tmp_path, ck.TrainState(1, state.model, state.ema, saved, {"fingerprint": "f"}), names)
+    back = ck.load(tmp_path / "step_000001", names)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    ck.restore_optimizer(opt, back.optimizer)
+    assert opt.param_groups[0]["foreach"] is False  # the running optimizer's choice, not the saved one
+    for i, p in enumerate(model.parameters()):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert opt.state[p][key].device == p.device
+            assert torch.equal(opt.state[p][key], state.optimizer["state"][i][key])

@@ -13,6 +13,13 @@ one mechanism off. Each is run with every seed of ``asrd.seeds``; accuracy is th
 sd) over seeds. Tokens/s counts generated positions over the decoding loop's wall time (all
 seeds and batches; the methods interleaved seed by seed), and the speed-up is against
 low-confidence remasking measured in the same run; model calls, verification calls and transformer-layer calls are per decoded batch.
+
+Where it runs: the device and autocast of a `tadm.runtime.Dist` (``runtime.setup(p.runtime)``; the
+notebook overrides runtime.device / runtime.precision). With runtime.nproc > 1 ``run`` relaunches
+itself under torchrun (`tadm.experiments.worker`): the decoded batches of every (method, seed)
+are split over the processes (batch j by process j mod N; a batch's draws depend only on the
+seed), and the completions, per-example correctness, counters and decoding seconds are gathered
+in batch order, so accuracies, calls and remasks are those of one process.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from tadm import runtime
 from tadm.asrd import tasks as T
 from tadm.asrd.backends import Backend, DiffusionGemmaBackend, MaskedBackend
 from tadm.asrd.decode import DecodeSettings, decode
@@ -85,15 +93,44 @@ class Tally:
                 "remasked_per_sequence": self.remasked / self.sequences, "examples": self.examples[:5]}
 
 
-class MaskedRunner:
+class _Batches:
+    """Decodes a task's batches (`decode_batch(lo)` -> (result, texts)) split over the processes of
+    `dist`, scores each where it ran, and puts counters, scores and texts back in batch order."""
+
+    dist: runtime.Dist
+    batch: int
+
+    def _run_batches(self, task: T.TaskSet, tally: Tally, decode_batch) -> float:
+        starts = list(range(0, len(task), self.batch))
+        mine = []
+        for j in runtime.shard(len(starts), self.dist):
+            with self.dist.autocast():
+                r, texts, generated = decode_batch(starts[j])
+            c = r.counters
+            mine.append({"texts": texts, "correct": [bool(task.score(starts[j] + k, t)) for k, t in enumerate(texts)],
+                         "generated": generated, "seconds": r.seconds, "calls": c.calls, "verify_calls": c.verify_calls,
+                         "layer_calls": c.layer_calls, "refreshes": c.refreshes, "remasked": r.remasked,
+                         "sequences": len(r.tokens)})
+        batches = runtime.gather(mine, len(starts), self.dist)
+        for b in batches:
+            _count(tally, b)
+        texts = [t for b in batches for t in b["texts"]]
+        correct = [c for b in batches for c in b["correct"]]
+        if not tally.examples:
+            tally.examples = texts[:5]
+        return 100.0 * sum(correct) / len(correct)
+
+
+class MaskedRunner(_Batches):
     """The masked model on the fixed layout."""
 
     name = "masked"
 
-    def __init__(self, p: Params, tokenizer, root: Path, device):
+    def __init__(self, p: Params, tokenizer, root: Path, dist: runtime.Dist | None = None):
         from tadm.models import load_pretrained
 
-        self.model = load_pretrained(root / MODEL_DIR, map_location=device)
+        self.dist = dist or runtime.setup(p.runtime)
+        self.model = load_pretrained(root / MODEL_DIR, map_location=self.dist.device)
         self.layout = T.Layout(tokenizer, p.asrd.prompt_tokens, p.asrd.response_tokens)
         if self.model.seq_len != self.layout.length:
             raise DataError(f"{root / MODEL_DIR} was trained on length {self.model.seq_len}, asrd.prompt_tokens + "
@@ -105,27 +142,28 @@ class MaskedRunner:
 
     def run(self, backend: Backend, task: T.TaskSet, settings: DecodeSettings, tally: Tally) -> float:
         canvases, region = self.layout.encode(task.prompts), self.layout.region
-        texts = []
-        for lo in range(0, len(task), self.batch):
+
+        def decode_batch(lo: int):
             r = decode(backend, canvases[lo: lo + self.batch], region, settings)
-            texts += self.layout.decode(r.tokens.cpu())
-            _count(tally, r, len(r.tokens) * int(region.sum()))
-        return _score(task, texts, tally)
+            return r, self.layout.decode(runtime.host(r.tokens)), len(r.tokens) * int(region.sum())
+
+        return self._run_batches(task, tally, decode_batch)
 
 
-class DiffusionGemmaRunner:
+class DiffusionGemmaRunner(_Batches):
     """The post-train DiffusionGemma: the prompt in the encoder cache, one canvas generated."""
 
     name = "diffusiongemma"
 
-    def __init__(self, p: Params, root: Path, device):
+    def __init__(self, p: Params, root: Path, dist: runtime.Dist | None = None):
         from tadm.posttrain import table1
 
+        self.dist = dist or runtime.setup(p.runtime)
         # Table 1's loading (base, split, trained fusion, tokenizer) and its prompt encoding /
         # completion decoding
-        methods, tok = table1.build_methods(p, root, device)
+        methods, tok = table1.build_methods(p, root, self.dist)
         self.tadm = methods[0].tadm
-        self.io = table1.Runner(p, tok, [], device)
+        self.io = table1.Runner(p, tok, [], self.dist)
         self.canvas, self.batch = p.posttrain.canvas_length, p.asrd.batch_size
 
     def backend(self, refresh_every: int) -> Backend:
@@ -134,49 +172,48 @@ class DiffusionGemmaRunner:
 
     def run(self, backend: DiffusionGemmaBackend, task: T.TaskSet, settings: DecodeSettings, tally: Tally) -> float:
         region = torch.ones(self.canvas, dtype=torch.bool)
-        texts = []
-        for lo in range(0, len(task), self.batch):
+
+        def decode_batch(lo: int):
             context, mask = self.io.encode(task.prompts[lo: lo + self.batch])
             backend.set_context(context, mask)
             canvas = torch.full((len(context), self.canvas), self.io.pad, dtype=torch.long)
             r = decode(backend, canvas, region, settings)
-            texts += self.io.decode(r.tokens.cpu(), 0)
-            _count(tally, r, r.tokens.numel())
-        return _score(task, texts, tally)
+            return r, self.io.decode(runtime.host(r.tokens), 0), r.tokens.numel()
+
+        return self._run_batches(task, tally, decode_batch)
 
 
-def _count(tally: Tally, r, generated: int) -> None:
-    c = r.counters
-    tally.seconds += r.seconds
-    tally.tokens += generated
+def _count(tally: Tally, b: dict) -> None:
+    tally.seconds += b["seconds"]
+    tally.tokens += b["generated"]
     tally.batches += 1
-    tally.calls += c.calls
-    tally.verify_calls += c.verify_calls
-    tally.layer_calls += c.layer_calls
-    tally.refreshes += c.refreshes
-    tally.remasked += r.remasked
-    tally.sequences += len(r.tokens)
+    tally.calls += b["calls"]
+    tally.verify_calls += b["verify_calls"]
+    tally.layer_calls += b["layer_calls"]
+    tally.refreshes += b["refreshes"]
+    tally.remasked += b["remasked"]
+    tally.sequences += b["sequences"]
 
 
-def _score(task: T.TaskSet, texts: list[str], tally: Tally) -> float:
-    if not tally.examples:
-        tally.examples = texts[:5]
-    return 100.0 * sum(task.score(i, t) for i, t in enumerate(texts)) / len(texts)
-
-
-def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print) -> dict:
-    """Every (task, model, method) over asrd.seeds; writes results/asrd.json."""
+def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
+        dist: runtime.Dist | None = None) -> dict:
+    """Every (task, model, method) over asrd.seeds; writes results/asrd.json. On the device of
+    `dist` (None: `runtime.setup(p.runtime)`); with runtime.nproc > 1 (and not under torchrun
+    already) in torchrun workers (`tadm.experiments.worker`), whose result is returned."""
     from tadm.data.tokenizer import load_tokenizer
+    from tadm.experiments import worker
 
+    if worker.needs_launch(p):
+        return worker.launch("asrd", p, {"root": str(root), "out": str(out or root / "results" / "asrd.json")})
     a = p.asrd
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    d = dist or runtime.setup(p.runtime)
     sets = {name: pair[1] for name, pair in task_sets(p, root).items()}
-    masked = MaskedRunner(p, load_tokenizer(root / "data" / "tokenizer"), root, device)
-    dg = DiffusionGemmaRunner(p, root, device)
+    masked = MaskedRunner(p, load_tokenizer(root / "data" / "tokenizer"), root, d)
+    dg = DiffusionGemmaRunner(p, root, d)
     plan = [("arithmetic", masked, variants(p, a.steps, False)), ("spelling", masked, variants(p, a.steps, False)),
             ("arithmetic", dg, variants(p, a.dg_steps, True))]
     results = {"profile": p.profile, "seeds": list(a.seeds), "groups": []}
-    bar = tqdm(total=sum(len(v) for _, _, v in plan) * len(a.seeds), desc="asrd", unit="run")
+    bar = tqdm(total=sum(len(v) for _, _, v in plan) * len(a.seeds), desc="asrd", unit="run", disable=not d.main)
     for task_name, runner, vs in plan:
         task = sets[task_name]
         backends = {v.label: runner.backend(v.refresh_every) for v in vs}
@@ -189,9 +226,11 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print) -
         rows = {v.label: {**tallies[v.label].row(), "refresh_every": v.refresh_every,
                           "settings": dataclass_dict(v.settings)} for v in vs}
         results["groups"].append({"task": task_name, "model": runner.name, "n": len(task), "methods": rows})
-        log(f"asrd[{task_name}/{runner.name}]: " + ", ".join(f"{k} {r['accuracy']:.1f}%" for k, r in rows.items()))
+        if d.main:
+            log(f"asrd[{task_name}/{runner.name}]: " + ", ".join(f"{k} {r['accuracy']:.1f}%" for k, r in rows.items()))
     bar.close()
-    atomic_write_json(out or root / "results" / "asrd.json", results)
+    if d.main:
+        atomic_write_json(out or root / "results" / "asrd.json", results)
     return results
 
 

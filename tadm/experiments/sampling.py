@@ -9,22 +9,39 @@ T with the profile's sampler settings, and writes
 
 Every network call of the budget is made (ddpm_cache off unless asked): Table 2 compares
 methods at a fixed number of reverse steps, and its compute column counts them. AR has no T;
-it draws L - 1 tokens left to right after BOS (the same run serves every budget).
+it draws L - 1 tokens left to right after BOS (one run serves every budget: `shared_record`).
+
+Batches and processes. The N sequences are drawn in batches of `sample.batch_size`; batch i
+is its own run of the sampler with its own generator, seeded with :func:`batch_seed` (seed, i):
+batch 0 with the run's seed itself, batch i > 0 with a hash of (seed, i). A batch's tokens
+therefore depend only on (seed, T, i) -- not on which process draws it or on the batches
+before it -- so the batches can be split over the processes of a `tadm.runtime.Dist` (process
+r draws batches r, r + N, ...) and put back in batch order, and 1 and N processes give the
+same bits. The model runs on the run's device, its forwards under `runtime.autocast` (the
+samplers' `autocast` setting: bf16 on a GPU when runtime.precision is bf16, fp32 on the CPU; the
+draws stay in sample.precision).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tadm import runtime
 from tadm.config import Params
 from tadm.errors import DataError
 from tadm.io import atomic_path, atomic_write_json
 from tadm.models import load_pretrained
-from tadm.sampling import AdaptiveDrift, FixedInterval, RefreshPolicy, SamplerSettings, make_adapter, sample, sample_ar
+from tadm.sampling import (AdaptiveDrift, ComputeCounter, FixedInterval, RefreshPolicy, SamplerSettings, make_adapter,
+                           sample, sample_ar)
+from tadm.sampling.ar import ARSettings
 
 
 @dataclass(frozen=True)
@@ -49,45 +66,116 @@ class SampleRun:
         return FixedInterval(params.sample.refresh_every[budgets.index(steps)])
 
 
-def run_samples(run: SampleRun, params: Params, steps: int, out_dir: str | Path, *, bos_id: int,
-                num_samples: int | None = None) -> dict[str, Any]:
-    """Sample one budget T of `run`, save tokens and record under `out_dir`, return the record."""
-    model = load_pretrained(run.model_dir)
+def batch_seed(seed: int, index: int) -> int:
+    """The seed of sampling batch `index` of a run seeded with `seed`: `seed` itself for batch 0,
+    a 63-bit hash of (seed, index) for the others."""
+    if index == 0:
+        return int(seed)
+    digest = hashlib.sha256(f"tadm.sample-batch:{int(seed)}:{int(index)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def network_autocast(d: runtime.Dist) -> str:
+    """The samplers' `autocast` setting on `d`: "bf16" on a GPU with runtime.precision bf16,
+    else "fp32" (the CPU always runs fp32)."""
+    return "bf16" if d.precision == "bf16" and d.device.type != runtime.CPU.type else "fp32"
+
+
+def batch_sizes(num_samples: int, batch_size: int) -> list[int]:
+    """Sizes of the sampling batches of `num_samples` sequences (the last may be smaller)."""
+    return [min(batch_size, num_samples - lo) for lo in range(0, num_samples, batch_size)]
+
+
+def _sum_counters(counters: list[ComputeCounter]) -> ComputeCounter:
+    total = ComputeCounter()
+    for c in counters:
+        for f in dataclasses.fields(ComputeCounter):
+            if f.name != "active":
+                setattr(total, f.name, getattr(total, f.name) + getattr(c, f.name))
+    return total
+
+
+def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num_samples: int | None = None,
+                 dist: runtime.Dist | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """Sample one budget T of `run` (module docstring): the tokens (N, L) int64 and the record,
+    on every process of `dist` (None: `runtime.setup(params.runtime)`); nothing is written."""
+    d = dist or runtime.setup(params.runtime)
+    model = load_pretrained(run.model_dir, map_location=d.device)
     cfg, seq_len = params.sample, model.seq_len
     n = num_samples or cfg.num_samples
     if cfg.canvas_length != seq_len:
         raise DataError(f"sample.canvas_length={cfg.canvas_length} but {run.model_dir} was trained with L={seq_len}")
-    policy = None
-    if model.model_type == "ar":
-        result = sample_ar(model, n, seq_len, bos_id=bos_id, nucleus_p=cfg.nucleus_p, seed=params.seed,
-                           batch_size=cfg.batch_size)
-    else:
-        refresh = run.refresh_for(params, steps) if model.model_type == "tadm" else None
-        policy = repr(refresh) if refresh is not None else None
-        settings = SamplerSettings.from_config(cfg, steps=steps, seed=params.seed, ddpm_cache=run.ddpm_cache,
-                                               **({"sampler": run.sampler} if run.sampler else {}))
-        with make_adapter(model, refresh) as adapter:
-            result = sample(adapter, settings, num_samples=n, seq_len=seq_len)
-    c = result.counters
-    refreshes = [len(r) for r in result.refresh_steps] if result.refresh_steps else None
+    sizes = batch_sizes(n, cfg.batch_size)
+    seeds = [batch_seed(params.seed, i) for i in range(len(sizes))]
+    policy, autocast = None, network_autocast(d)
+    with contextlib.ExitStack() as stack:
+        if model.model_type == "ar":
+            settings: Any = ARSettings(bos_id, cfg.nucleus_p, params.seed, batch_size=cfg.batch_size, autocast=autocast)
+
+            def one_batch(i: int):
+                return sample_ar(model, sizes[i], seq_len, bos_id=bos_id, nucleus_p=cfg.nucleus_p, seed=seeds[i],
+                                 batch_size=sizes[i], autocast=autocast)
+        else:
+            refresh = run.refresh_for(params, steps) if model.model_type == "tadm" else None
+            policy = repr(refresh) if refresh is not None else None
+            settings = SamplerSettings.from_config(cfg, steps=steps, seed=params.seed, ddpm_cache=run.ddpm_cache,
+                                                   autocast=autocast, **({"sampler": run.sampler} if run.sampler else {}))
+            adapter = stack.enter_context(make_adapter(model, refresh))
+
+            def one_batch(i: int):
+                return sample(adapter, dataclasses.replace(settings, seed=seeds[i]), num_samples=sizes[i],
+                              seq_len=seq_len)
+
+        mine = []
+        for i in runtime.shard(len(sizes), d):
+            r = one_batch(i)
+            mine.append({"tokens": r.tokens.numpy().astype(np.int64), "counters": r.counters.copy(),
+                         "refresh_steps": r.refresh_steps, "seconds": r.seconds})
+    batches = runtime.gather(mine, len(sizes), d)
+    tokens = np.concatenate([b["tokens"] for b in batches])
+    c = _sum_counters([b["counters"] for b in batches])
+    seconds = sum(b["seconds"] for b in batches)
+    refreshes = ([len(r) for b in batches for r in b["refresh_steps"]]
+                 if all(b["refresh_steps"] is not None for b in batches) else None)
     record = {
         "row": run.name, "model_dir": str(run.model_dir), "model_type": model.model_type, "T": steps,
-        "sampler": result.settings.sampler, "policy": policy, "settings": result.settings.as_dict(),
-        "num_samples": n, "seq_len": seq_len, "seconds": result.seconds, "tokens_per_s": result.tokens_per_second,
+        "sampler": settings.sampler, "policy": policy, "settings": settings.as_dict(), "batch_seeds": seeds,
+        "num_samples": n, "seq_len": seq_len, "seconds": seconds,
+        "tokens_per_s": tokens.size / seconds if seconds > 0 else None,
         "counters": c.as_dict(), "refreshes_per_trajectory": refreshes,
+        "device": str(d.device), "precision": d.precision, "processes": d.world,
     }
+    return tokens, record
+
+
+def save_samples(tokens: np.ndarray, record: dict[str, Any], out_dir: str | Path, steps: int) -> None:
+    """<out_dir>/T<steps>.npy and .json, each written atomically."""
     out_dir = Path(out_dir)
     with atomic_path(out_dir / f"T{steps}.npy") as tmp:
         with open(tmp, "wb") as f:
-            np.save(f, result.tokens.numpy().astype(np.int64), allow_pickle=False)
+            np.save(f, np.asarray(tokens, dtype=np.int64), allow_pickle=False)
     atomic_write_json(out_dir / f"T{steps}.json", record)
+
+
+def run_samples(run: SampleRun, params: Params, steps: int, out_dir: str | Path, *, bos_id: int,
+                num_samples: int | None = None, dist: runtime.Dist | None = None) -> dict[str, Any]:
+    """Sample one budget T of `run`, save tokens and record under `out_dir` (the main process
+    of `dist` writes), return the record."""
+    d = dist or runtime.setup(params.runtime)
+    tokens, record = draw_samples(run, params, steps, bos_id=bos_id, num_samples=num_samples, dist=d)
+    if d.main:
+        save_samples(tokens, record, out_dir, steps)
     return record
+
+
+def shared_record(record: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The record of a run that does not depend on T (AR) saved under budget `steps` too: T =
+    `steps`, and the budget it was drawn at."""
+    return {**record, "T": steps, "drawn_at_T": record.get("drawn_at_T", record["T"])}
 
 
 def load_samples(out_dir: str | Path, steps: int) -> tuple[np.ndarray, dict[str, Any]]:
     """The tokens (N, L) and record of one saved budget."""
-    import json
-
     out_dir = Path(out_dir)
     path = out_dir / f"T{steps}.npy"
     if not path.exists():
@@ -95,4 +183,5 @@ def load_samples(out_dir: str | Path, steps: int) -> tuple[np.ndarray, dict[str,
     return np.load(path, allow_pickle=False), json.loads((out_dir / f"T{steps}.json").read_text())
 
 
-__all__ = ["SampleRun", "run_samples", "load_samples"]
+__all__ = ["SampleRun", "batch_seed", "batch_sizes", "network_autocast", "draw_samples", "run_samples", "save_samples",
+           "shared_record", "load_samples"]

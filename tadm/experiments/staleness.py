@@ -17,15 +17,23 @@ h_fresh = A(S(z_i)) on the same canvas z_i:
 
 KLs are averaged over the positions still masked in z_i (the only ones a sampler reads), in
 float64. Age 0 is the fresh anchor itself (cosine 1, KL 0) and is included as a reference row.
+
+Device: `measure(..., dist=)` runs on the device of a `tadm.runtime.Dist` (the notebook's
+runtime setting). The trajectories are sampled under `runtime.autocast` like every sampling run;
+the anchors, fusions and predictions compared are computed in fp32 even on a GPU, since bf16's
+rounding (~0.4 %) is the size of the drifts measured (TF32 off too). One process: a single batched trajectory
+has nothing to split.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from tadm import runtime
 from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
 
 
@@ -39,11 +47,15 @@ class StalenessSettings:
     seed: int = 0
 
 
-def record_trajectory(model, seq_len: int, cfg: StalenessSettings) -> list[tuple[float, Tensor]]:
-    """[(t, z_t)] of one batched reverse process with a fresh anchor every step."""
+def record_trajectory(model, seq_len: int, cfg: StalenessSettings,
+                      dist: runtime.Dist | None = None) -> list[tuple[float, Tensor]]:
+    """[(t, z_t)] of one batched reverse process with a fresh anchor every step (under the
+    autocast of `dist`, on the model's device)."""
+    from tadm.experiments.sampling import network_autocast
+
     canvases: list[tuple[float, Tensor]] = []
     settings = SamplerSettings(sampler=cfg.sampler, steps=cfg.steps, nucleus_p=cfg.nucleus_p, seed=cfg.seed,
-                               ddpm_cache=False)
+                               ddpm_cache=False, autocast="fp32" if dist is None else network_autocast(dist))
     with make_adapter(model, FixedInterval(1)) as adapter:
         sample(adapter, settings, num_samples=cfg.num_samples, seq_len=seq_len,
                callback=lambda info: canvases.append((info.t, info.z_t.clone())))
@@ -64,10 +76,30 @@ def _log_probs(model, x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def measure(model, seq_len: int, cfg: StalenessSettings = StalenessSettings()) -> list[dict]:
-    """One row per (step, age): the quantities of the module docstring."""
+def measure(model, seq_len: int, cfg: StalenessSettings = StalenessSettings(),
+            dist: runtime.Dist | None = None) -> list[dict]:
+    """One row per (step, age): the quantities of the module docstring. With `dist` the model
+    is moved to its device first (None: where it is, no autocast)."""
+    if dist is not None:
+        model = model.to(dist.device)
     model.eval()
-    trajectory = record_trajectory(model, seq_len, cfg)
+    trajectory = record_trajectory(model, seq_len, cfg, dist)
+    with _full_fp32():
+        return _compare(model, trajectory, cfg)
+
+
+@contextlib.contextmanager
+def _full_fp32():
+    """TF32 matmuls off for the comparisons (their rounding is the size of what is measured)."""
+    previous = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    runtime.configure_backends(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+def _compare(model, trajectory: list[tuple[float, Tensor]], cfg: StalenessSettings) -> list[dict]:
     anchors = [model.anchor(z) for _, z in trajectory]
     rows = []
     for i, (t, z) in enumerate(trajectory):

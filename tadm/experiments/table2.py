@@ -18,20 +18,38 @@ first ones; the Data row takes the next `sample.num_samples`), Gen PPL with the 
 (`tadm.metrics.gen_ppl`), mean per-sample token entropy of the model's own token ids, and from
 the sampling record: Transformer-layer calls per generated sequence batch (the compute column)
 and tokens/s over every generated position.
+
+Where it runs: one `tadm.runtime.Dist` (from `runtime.setup(params.runtime)`; notebooks override
+runtime.device / runtime.precision) for sampling and scoring. The evaluator is loaded once, in
+bf16 on a GPU (runtime.precision bf16) and fp32 on the CPU; when it is also the featurizer
+(eval.featurizer == eval.evaluator: smollm2 / smollm2, gpt2-large / gpt2-large) one forward pass
+gives Gen PPL and the MAUVE features (`gen_ppl_and_features`). The reference features are
+computed once and cached under eval.cache_dir (`Scorer.reference_cache_path`), so every row and
+the sweep reuse them. With runtime.nproc > 1, `run_row` / `run_sweep` relaunch themselves as
+`python -m torch.distributed.run ... -m tadm.experiments.worker` (`tadm.experiments.worker`):
+sampling batches and scoring batches are split over the processes, which give the same samples
+and scores as one process (`tadm.experiments.sampling`, `tadm.metrics.shards`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from tadm import runtime
 from tadm.config import Params
 from tadm.data.packing import PackedTokens
-from tadm.experiments.sampling import SampleRun, load_samples, run_samples
-from tadm.io import atomic_write_json
+from tadm.experiments import worker
+from tadm.experiments.sampling import SampleRun, draw_samples, save_samples, shared_record
+from tadm.io import atomic_path, atomic_write_json
+
+REFERENCE_CACHE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -66,32 +84,161 @@ def validation_tokens(packed_dir: str | Path, start: int, count: int) -> np.ndar
     return np.stack([val[i] for i in range(start, start + count)])
 
 
+def _sha256_texts(texts: list[str]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        b = t.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
 class Scorer:
-    """The evaluator, the featurizer and the reference features, loaded once."""
+    """The evaluator, the featurizer (when it is another model) and the reference features.
 
-    def __init__(self, params: Params, tokenizer, packed_dir: str | Path, device: str = "cpu"):
-        from tadm.metrics import load_evaluator, load_featurizer
+    Everything loads on first use, on the device of `dist` (None: `runtime.setup(params.runtime)`),
+    so a Scorer whose rows run in torchrun workers (runtime.nproc > 1) never loads a model in the
+    calling process."""
 
+    def __init__(self, params: Params, tokenizer, packed_dir: str | Path, dist: runtime.Dist | None = None):
         e = params.eval
         self.params, self.tokenizer, self.packed_dir = params, tokenizer, Path(packed_dir)
-        self.evaluator = load_evaluator(e.evaluator, cache_dir=e.cache_dir, device=device)
-        # SmolLM2 as both evaluator and featurizer: one forward pass gives both (gen_ppl_and_features)
-        self.joint = e.featurizer == e.evaluator == "smollm2"
-        self.featurizer = None if self.joint else load_featurizer(e.featurizer, device=device,
-                                                                     batch_size=e.batch_size, cache_dir=e.cache_dir)
-        self.reference = validation_tokens(packed_dir, 0, e.reference_samples)
-        reference = self.texts(self.reference)  # only their features are needed
-        self.reference_features = (self._ppl_and_features(reference)[1] if self.joint
-                                   else self.featurizer.encode(reference))
+        self._dist = dist
+        # the evaluator is also the featurizer: one forward pass gives both (gen_ppl_and_features)
+        self.joint = e.featurizer == e.evaluator
+        from tadm.metrics.features import SMOLLM2
+
+        self.pooling = "mean" if e.featurizer == SMOLLM2 else "last"  # the featurizer's convention
+        self._evaluator = self._featurizer = self._reference = self._reference_features = None
+        self.reference_source: str | None = None  # "computed" or "cache", once the reference features are read
+
+    # ------------------------------------------------------------------ where and in what precision
+
+    @property
+    def dist(self) -> runtime.Dist:
+        if self._dist is None:
+            self._dist = runtime.setup(self.params.runtime)
+        return self._dist
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """bf16 weights on a GPU when runtime.precision is bf16, fp32 otherwise (the CPU)."""
+        d = self.dist
+        return torch.bfloat16 if d.precision == "bf16" and d.device.type != runtime.CPU.type else torch.float32
+
+    @property
+    def evaluator(self):
+        if self._evaluator is None:
+            from tadm.metrics import load_evaluator
+
+            e = self.params.eval
+            self._evaluator = load_evaluator(e.evaluator, cache_dir=e.cache_dir, device=self.dist.device,
+                                             dtype=self.dtype)
+        return self._evaluator
+
+    @property
+    def featurizer(self):
+        """The MAUVE featurizer when it is not the evaluator (None when it is)."""
+        if self._featurizer is None and not self.joint:
+            from tadm.metrics import load_featurizer
+
+            e = self.params.eval
+            self._featurizer = load_featurizer(e.featurizer, device=self.dist.device, dtype=self.dtype,
+                                               batch_size=e.batch_size, cache_dir=e.cache_dir)
+        return self._featurizer
+
+    def worker_args(self) -> dict[str, str]:
+        """How a torchrun worker rebuilds this Scorer (`tadm.experiments.worker`)."""
+        tokenizer_dir = getattr(self.tokenizer, "name_or_path", None)
+        if not tokenizer_dir:
+            from tadm.errors import DataError
+
+            raise DataError("Scorer: the tokenizer does not say where it was loaded from (name_or_path); "
+                            "load it with tadm.data.tokenizer.load_tokenizer")
+        return {"tokenizer": str(tokenizer_dir), "packed_dir": str(self.packed_dir)}
+
+    # ------------------------------------------------------------------ features and Gen PPL
 
     def _ppl_and_features(self, texts: list[str]):
         from tadm.metrics import gen_ppl
+        from tadm.metrics.features import MAUVE_MAX_TOKENS
         from tadm.metrics.gen_ppl import gen_ppl_and_features
 
-        batch = self.params.eval.batch_size
+        batch, d = self.params.eval.batch_size, self.dist
+        with d.autocast():
+            if self.joint:
+                return gen_ppl_and_features(texts, self.evaluator, batch_size=batch, max_feature_tokens=MAUVE_MAX_TOKENS,
+                                            pooling=self.pooling, dist=d)
+            return gen_ppl(texts, self.evaluator, batch_size=batch, dist=d), self.featurizer.encode(texts, dist=d)
+
+    def _features(self, texts: list[str]) -> np.ndarray:
         if self.joint:
-            return gen_ppl_and_features(texts, self.evaluator, batch_size=batch)
-        return gen_ppl(texts, self.evaluator, batch_size=batch), self.featurizer.encode(texts)
+            return self._ppl_and_features(texts)[1]
+        with self.dist.autocast():
+            return self.featurizer.encode(texts, dist=self.dist)
+
+    @property
+    def reference(self) -> np.ndarray:
+        if self._reference is None:
+            self._reference = validation_tokens(self.packed_dir, 0, self.params.eval.reference_samples)
+        return self._reference
+
+    def reference_key(self, texts: list[str]) -> dict[str, Any]:
+        """What the reference features depend on: the featurizer (its name, convention and a
+        fingerprint of its weights), the precision and device type they are computed in, the
+        batch size (padding changes the last bits), and the reference texts themselves (the
+        reference token ids decoded with the project tokenizer)."""
+        from tadm.metrics.features import MAUVE_MAX_TOKENS, weights_fingerprint
+
+        e = self.params.eval
+        model = self.evaluator.model if self.joint else self.featurizer.model
+        return {"format": REFERENCE_CACHE_FORMAT, "featurizer": e.featurizer,
+                "featurizer_kind": f"{self.pooling} (one pass with the evaluator)" if self.joint
+                else type(self.featurizer).__name__,
+                "max_tokens": MAUVE_MAX_TOKENS if self.joint else self.featurizer.max_length,
+                "weights": weights_fingerprint(model), "dtype": str(self.dtype).removeprefix("torch."),
+                "device_type": self.dist.device.type, "batch_size": e.batch_size, "texts": _sha256_texts(texts),
+                "count": len(texts)}
+
+    def reference_cache_path(self, texts: list[str], key: dict[str, Any] | None = None) -> Path:
+        """<eval.cache_dir>/reference_features-<hash of reference_key>.npy (a .json beside it
+        holds the key)."""
+        text = json.dumps(key or self.reference_key(texts), sort_keys=True)
+        return Path(self.params.eval.cache_dir) / f"reference_features-{hashlib.sha256(text.encode()).hexdigest()[:24]}.npy"
+
+    @property
+    def reference_features(self) -> np.ndarray:
+        """(reference_samples, dim) float32: read from the cache when it holds them, else computed
+        (split over the processes) and cached by the main process."""
+        if self._reference_features is None:
+            texts = self.texts(self.reference)
+            key = self.reference_key(texts)
+            path = self.reference_cache_path(texts, key)
+            features = None
+            if path.is_file():
+                try:
+                    features = np.load(path, allow_pickle=False)
+                except (OSError, ValueError):
+                    features = None
+                if features is not None and (features.ndim != 2 or features.shape[0] != len(texts)
+                                             or not np.isfinite(features).all()):
+                    features = None
+            d = self.dist
+            if d.world > 1 and not all(runtime.gather([features is not None], d.world, d)):
+                features = None  # every process computes (their batches are shared) or none does
+            if features is not None:
+                self.reference_source = "cache"
+            else:
+                features = self._features(texts)
+                self.reference_source = "computed"
+                if d.main:
+                    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+                        np.save(f, features.astype(np.float32), allow_pickle=False)
+                    atomic_write_json(path.with_suffix(".json"), key)
+            self._reference_features = features
+        return self._reference_features
+
+    # ------------------------------------------------------------------ scoring
 
     def texts(self, tokens: np.ndarray) -> list[str]:
         from tadm.metrics import decode_samples
@@ -101,27 +248,42 @@ class Scorer:
     def data_tokens(self) -> np.ndarray:
         return validation_tokens(self.packed_dir, self.params.eval.reference_samples, self.params.sample.num_samples)
 
-    def score(self, tokens: np.ndarray) -> dict[str, float]:
-        """MAUVE vs the reference, Gen PPL and mean entropy of generated token ids (N, L)."""
+    def score_samples(self, tokens: np.ndarray):
+        """(metrics, GenPPL) of generated token ids (N, L): MAUVE vs the reference, Gen PPL and
+        mean entropy, and the per-sample Gen PPL values. MAUVE's clustering runs on every process
+        on the same gathered features (deterministic, one thread), so every process returns it."""
         from tadm.metrics import mauve_score_features, mean_entropy
 
-        texts = self.texts(tokens)
-        ppl, features = self._ppl_and_features(texts)
-        mauve = mauve_score_features(features, self.reference_features)
-        return {"mauve": float(mauve), "gen_ppl": float(ppl.ppl), "entropy": float(mean_entropy(tokens))}
+        reference = self.reference_features
+        ppl, features = self._ppl_and_features(self.texts(tokens))
+        mauve = mauve_score_features(features, reference)
+        return {"mauve": float(mauve), "gen_ppl": float(ppl.ppl), "entropy": float(mean_entropy(tokens))}, ppl
+
+    def score(self, tokens: np.ndarray) -> dict[str, float]:
+        """MAUVE vs the reference, Gen PPL and mean entropy of generated token ids (N, L)."""
+        return self.score_samples(tokens)[0]
+
+
+def data_record(steps: int, start: int, count: int) -> dict[str, Any]:
+    return {"row": "data", "T": steps, "sampler": "data", "policy": None, "counters": {}, "tokens_per_s": None,
+            "source": f"data/packed/validation sequences {start}..{start + count - 1}"}
 
 
 def save_data_samples(tokens: np.ndarray, out_dir: Path, steps: int, start: int) -> dict[str, Any]:
     """The Data row's "samples" (held-out validation sequences) saved like a model's, so every
     row of the table has its texts on disk."""
-    from tadm.io import atomic_path
-
-    record = {"row": "data", "T": steps, "sampler": "data", "policy": None, "counters": {}, "tokens_per_s": None,
-              "source": f"data/packed/validation sequences {start}..{start + len(tokens) - 1}"}
-    with atomic_path(out_dir / f"T{steps}.npy") as tmp, open(tmp, "wb") as f:
+    record = data_record(steps, start, len(tokens))
+    with atomic_path(Path(out_dir) / f"T{steps}.npy") as tmp, open(tmp, "wb") as f:
         np.save(f, tokens.astype(np.int64), allow_pickle=False)
-    atomic_write_json(out_dir / f"T{steps}.json", record)
+    atomic_write_json(Path(out_dir) / f"T{steps}.json", record)
     return record
+
+
+def save_gen_ppl(ppl, out_dir: Path, steps: int) -> None:
+    """<out_dir>/T<steps>_gen_ppl.npy: (N, 2) float64, each sample's summed NLL (nats) and its
+    number of scored evaluator tokens (its own PPL is exp(nll / tokens))."""
+    with atomic_path(Path(out_dir) / f"T{steps}_gen_ppl.npy") as tmp, open(tmp, "wb") as f:
+        np.save(f, np.stack([ppl.nll, ppl.tokens.astype(np.float64)], axis=1), allow_pickle=False)
 
 
 def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path = "models",
@@ -129,22 +291,47 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
             adaptive: float | None = None, checkpoint: str | None = None, sampler: str | None = None,
             out: str | Path | None = None) -> dict[str, Any]:
     """Sample (or, for Data, read) and score one row at every budget T (or `steps`); write
-    `out` (JSON). `checkpoint` / `sampler` replace the row's model directory / sampler."""
+    `out` (JSON). `checkpoint` / `sampler` replace the row's model directory / sampler.
+
+    Rows whose samples do not depend on T (Data, AR) are drawn and scored once and saved under
+    every budget. With runtime.nproc > 1 (and not already under torchrun) the row runs in
+    torchrun workers (`tadm.experiments.worker`) and this returns what they wrote."""
+    kwargs = dict(models_dir=str(models_dir), samples_dir=str(samples_dir), steps=steps, K=K, adaptive=adaptive,
+                  checkpoint=checkpoint, sampler=sampler, out=None if out is None else str(out))
+    if worker.needs_launch(params):
+        return worker.launch("row", params, {"name": name, **scorer.worker_args(), "kwargs": kwargs})
+    d = scorer.dist
     row = ROWS[name] if name in ROWS else Row(name, name)
     bos_id = scorer.tokenizer.bos_token_id
     budgets = list(steps or params.sample.steps)
+    out_dir = Path(samples_dir) / name
     result: dict[str, Any] = {"row": name, "label": row.label, "budgets": {}}
+    shared = None  # (tokens, record, metrics, ppl) of a row whose samples do not depend on T
     for T in budgets:
         if row.model is None:
-            tokens = scorer.data_tokens()
-            record = save_data_samples(tokens, Path(samples_dir) / name, T, start=params.eval.reference_samples)
+            if shared is None:
+                tokens = scorer.data_tokens()
+                shared = (tokens, None, *scorer.score_samples(tokens))
+            tokens, _, metrics, ppl = shared
+            record = data_record(T, params.eval.reference_samples, len(tokens))
+            if d.main:
+                save_data_samples(tokens, out_dir, T, start=params.eval.reference_samples)
+        elif shared is not None:  # AR: the samples of the first budget serve this one too
+            tokens, first, metrics, ppl = shared
+            record = shared_record(first, T)
+            if d.main:
+                save_samples(tokens, record, out_dir, T)
         else:
             spec = SampleRun(name, checkpoint or str(Path(models_dir) / row.model), sampler or row.sampler, K=K,
                              adaptive=adaptive)
-            out_dir = Path(samples_dir) / name
-            record = run_samples(spec, params, T, out_dir, bos_id=bos_id)
-            tokens, _ = load_samples(out_dir, T)
-        metrics = scorer.score(tokens)
+            tokens, record = draw_samples(spec, params, T, bos_id=bos_id, dist=d)
+            if d.main:
+                save_samples(tokens, record, out_dir, T)
+            metrics, ppl = scorer.score_samples(tokens)
+            if record["model_type"] == "ar":
+                shared = (tokens, record, metrics, ppl)
+        if d.main:
+            save_gen_ppl(ppl, out_dir, T)
         counters = record.get("counters", {})
         result["budgets"][str(T)] = {
             **metrics, "T": T, "sampler": record["sampler"], "policy": record.get("policy"),
@@ -155,9 +342,34 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
             "refreshes_per_trajectory": record.get("refreshes_per_trajectory"),
             "examples": scorer.texts(tokens[:2]),
         }
-    if out is not None:
+    if out is not None and d.main:
         atomic_write_json(out, result)
     return result
 
 
-__all__ = ["ROWS", "Row", "Scorer", "run_row", "validation_tokens"]
+def run_sweep(row: str, params: Params, scorer: Scorer, *, T: int | None = None, K_values: list[int] | None = None,
+              adaptive_thresholds: list[float] | tuple = (), models_dir: str | Path = "models",
+              samples_dir: str | Path = "samples/sweep", results_dir: str | Path = "results/sweep") -> list[dict]:
+    """The refresh sweep: `row` at budget T (None: the first of sample.steps) with the anchor
+    refreshed every K of `K_values` (None: sample.sweep_refresh) and with the adaptive policy at
+    each threshold, each sampled and scored like a Table 2 row into
+    `<results_dir>/<K<k>|adaptive<a>>.json` (samples under `<samples_dir>/<same name>/`). One
+    torchrun launch for the whole sweep when runtime.nproc > 1."""
+    T = int(T or params.sample.steps[0])
+    K_values = [int(k) for k in (K_values or params.sample.sweep_refresh)]
+    adaptive_thresholds = [float(a) for a in adaptive_thresholds]
+    if worker.needs_launch(params):
+        kwargs = dict(T=T, K_values=K_values, adaptive_thresholds=adaptive_thresholds, models_dir=str(models_dir),
+                      samples_dir=str(samples_dir), results_dir=str(results_dir))
+        return worker.launch("sweep", params, {"row": row, **scorer.worker_args(), "kwargs": kwargs})
+    settings = [("K", k) for k in K_values] + [("adaptive", a) for a in adaptive_thresholds]
+    results = []
+    for kind, value in settings:
+        name = f"{kind}{value}"
+        results.append(run_row(row, params, scorer, models_dir=models_dir, steps=[T],
+                               samples_dir=Path(samples_dir) / name, out=Path(results_dir) / f"{name}.json",
+                               **({"K": value} if kind == "K" else {"adaptive": value})))
+    return results
+
+
+__all__ = ["ROWS", "Row", "Scorer", "run_row", "run_sweep", "validation_tokens", "save_gen_ppl"]

@@ -99,10 +99,11 @@ def _context_length(model) -> int:
     raise DataError(f"evaluator: the model config has neither n_positions nor max_position_embeddings ({type(cfg).__name__})")
 
 
-def load_evaluator(name: str = SMOLLM2, cache_dir: str | Path | None = None, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> Evaluator:
+def load_evaluator(name: str = SMOLLM2, cache_dir: str | Path | None = None,
+                   device: str | torch.device | None = None, dtype: torch.dtype = torch.float32) -> Evaluator:
     """``"smollm2"`` (offline; needs `cache_dir`), ``"gpt2-large"`` / another hub id, or a
-    local transformers model directory."""
+    local transformers model directory; in `dtype` (bf16 on a GPU: `tadm.runtime`), on
+    `device` (None: where ``from_pretrained`` puts it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(name, str) or not name:
@@ -115,7 +116,8 @@ def load_evaluator(name: str = SMOLLM2, cache_dir: str | Path | None = None, dev
         source, where = ("local", str(local)) if local.exists() else ("hub", name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        model = (model if device is None else model.to(device)).eval()
     except (OSError, ValueError) as e:
         raise DataError(f"evaluator {name!r}: cannot load ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if tokenizer.eos_token_id is None:

@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from tadm.errors import DataError
+from tadm.metrics.shards import map_batches
+from tadm.runtime import Dist
 
 MINILM = "minilm"
 SMOLLM2 = "smollm2"
@@ -87,8 +88,9 @@ class Featurizer:
         raise NotImplementedError
 
     @torch.no_grad()
-    def encode(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), dim) float32 features, row i for texts[i]."""
+    def encode(self, texts: list[str], dist: Dist | None = None) -> np.ndarray:
+        """(len(texts), dim) float32 features, row i for texts[i]. With `dist` (a
+        `tadm.runtime.Dist`) the batches are split over its processes (`tadm.metrics.shards`)."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise ValueError("texts must be a list of strings")
         texts = list(texts)
@@ -96,7 +98,8 @@ class Featurizer:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: (-len(ids[i]), i))
         batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        for batch in tqdm(batches, desc="featurize", unit="batch", disable=not self.progress):
+
+        def run(batch: list[int]) -> np.ndarray:
             width = max(len(ids[i]) for i in batch)
             tokens = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -105,7 +108,10 @@ class Featurizer:
                 mask[row, : len(ids[i])] = 1
             tokens, mask = tokens.to(self.device), mask.to(self.device)
             hidden = self.model(input_ids=tokens, attention_mask=mask).last_hidden_state
-            out[batch] = self.pool(hidden.float(), mask).cpu().numpy()
+            return self.pool(hidden.float(), mask).cpu().numpy()
+
+        for batch, rows in zip(batches, map_batches(batches, run, dist, desc="featurize", progress=self.progress)):
+            out[batch] = rows
         return out
 
 
@@ -150,6 +156,22 @@ class LastToken(Featurizer):
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
+def _to(model, device):
+    return model if device is None else model.to(device)
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A cheap identity of a model's weights (for cache keys): SHA-256 over every parameter's
+    and buffer's name, shape, dtype and first 4096 values."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+        h.update(t.detach().reshape(-1)[:4096].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 def _sentence_max_length(model_dir: Path, model) -> int:
     cfg = model_dir / "sentence_bert_config.json"
     if cfg.is_file():
@@ -157,11 +179,11 @@ def _sentence_max_length(model_dir: Path, model) -> int:
     return int(model.config.max_position_embeddings)
 
 
-def load_featurizer(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+def load_featurizer(name: str, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32,
                     batch_size: int = 32, progress: bool = False, cache_dir: str | Path | None = None) -> Featurizer:
     """``"smollm2"`` (offline; needs the evaluator's `cache_dir`), ``"minilm"`` (offline),
     ``"gpt2-large"`` or another hub id (MAUVE's last-token features), or a local model
-    directory (see the module docstring)."""
+    directory (see the module docstring). `device` None: where ``from_pretrained`` puts it."""
     from transformers import AutoModel, AutoTokenizer
 
     if not isinstance(name, str) or not name:
@@ -171,13 +193,13 @@ def load_featurizer(name: str, device: str | torch.device = "cpu", dtype: torch.
 
         path, _ = smollm2_cache(cache_dir)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModel.from_pretrained(str(path), dtype=dtype).to(device)
+        model = _to(AutoModel.from_pretrained(str(path), dtype=dtype), device)
         return CausalMeanPooled(model, tokenizer, MAUVE_MAX_TOKENS, batch_size=batch_size, progress=progress)
     path = minilm_dir() if name == MINILM else Path(name).expanduser()
     source = str(path) if path.exists() else name
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModel.from_pretrained(source, dtype=dtype).to(device)
+        model = _to(AutoModel.from_pretrained(source, dtype=dtype), device)
     except (OSError, ValueError) as e:
         raise DataError(f"featurizer {name!r}: cannot load ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if (path / "modules.json").is_file():

@@ -20,6 +20,14 @@ base; the same loop with the anchor refreshed every K steps for TADM) and is sco
                    counter sees, costs every method the same, and so dilutes the end-to-end ratio.
 
 ``run`` writes ``results/table1.json``; ``frame`` and ``to_markdown`` make the table.
+
+Where it runs: the device and autocast of a `tadm.runtime.Dist` (from ``runtime.setup(p.runtime)``;
+the notebook overrides runtime.device / runtime.precision). With runtime.nproc > 1 ``run``
+relaunches itself under torchrun (`tadm.experiments.worker`): each prompt batch (its seed is
+(seed, first example)) is generated and scored by one process (batch j by process j mod N), the
+completions, per-example correctness and decoder-layer calls are gathered, so accuracies and
+compute are those of one process; the speed measurement runs on every process at once (each on
+its own device; the main process's numbers are kept).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from tqdm import tqdm
 
+from tadm import runtime
 from tadm.config import Params
 from tadm.data import arithmetic
 from tadm.errors import DataError
@@ -160,10 +169,13 @@ class Method:
 
 
 class Runner:
-    """Generates with each method on a task (prompt batches, seeds) and times it."""
+    """Generates with each method on a task (prompt batches, seeds) and times it; the prompt
+    batches are split over the processes of `dist` (None: one process on the CPU)."""
 
-    def __init__(self, p: Params, tokenizer, methods: list[Method], device):
-        self.p, self.tok, self.methods, self.device = p, tokenizer, methods, device
+    def __init__(self, p: Params, tokenizer, methods: list[Method], dist: runtime.Dist | None = None):
+        self.p, self.tok, self.methods = p, tokenizer, methods
+        self.dist = dist or runtime.Dist()
+        self.device = self.dist.device
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
 
@@ -184,25 +196,43 @@ class Runner:
             texts.append(self.tok.decode(row, skip_special_tokens=True))
         return texts
 
+    def batch_starts(self, n: int) -> list[int]:
+        return list(range(0, n, self.p.posttrain.eval_batch_size))
+
+    @torch.no_grad()
+    def generate_batch(self, method: Method, prompts: list[str], max_new_tokens: int, seed: int, lo: int) -> list[str]:
+        """Completions of one prompt batch (examples lo, lo + 1, ...): seeded with (seed, lo)."""
+        ids, mask = self.encode(prompts)
+        torch.manual_seed(seed * 1_000_003 + lo)
+        with self.dist.autocast():
+            seqs = method.generate(ids, mask, **self.kwargs(max_new_tokens)).sequences
+        return self.decode(seqs, ids.shape[1])
+
     @torch.no_grad()
     def completions(self, method: Method, prompts: list[str], max_new_tokens: int, seed: int) -> list[str]:
-        out, bs = [], self.p.posttrain.eval_batch_size
-        for lo in range(0, len(prompts), bs):
-            ids, mask = self.encode(prompts[lo: lo + bs])
-            torch.manual_seed(seed * 1_000_003 + lo)
-            seqs = method.generate(ids, mask, **self.kwargs(max_new_tokens)).sequences
-            out += self.decode(seqs, ids.shape[1])
-        return out
+        bs, starts = self.p.posttrain.eval_batch_size, self.batch_starts(len(prompts))
+        mine = [self.generate_batch(method, prompts[starts[j]: starts[j] + bs], max_new_tokens, seed, starts[j])
+                for j in runtime.shard(len(starts), self.dist)]
+        return [t for batch in runtime.gather(mine, len(starts), self.dist) for t in batch]
 
     def accuracy(self, method: Method, task: Task, seed: int) -> tuple[float, list[str], int]:
-        """Accuracy in %, the completions, and the decoder-layer calls the generation made."""
+        """Accuracy in %, the completions, and the decoder-layer calls the generation made (every
+        process's batches: generated, scored and counted where they ran, then gathered)."""
+        bs, starts, d = self.p.posttrain.eval_batch_size, self.batch_starts(len(task.prompts)), self.dist
         counter = DecoderLayerCalls(method.base)
+        mine = []
         try:
-            texts = self.completions(method, task.prompts, task.max_new_tokens, seed)
+            for j in runtime.shard(len(starts), d):
+                lo = starts[j]
+                texts = self.generate_batch(method, task.prompts[lo: lo + bs], task.max_new_tokens, seed, lo)
+                mine.append((texts, [bool(task.score(lo + k, t)) for k, t in enumerate(texts)]))
         finally:
             counter.close()
-        correct = [task.score(i, t) for i, t in enumerate(texts)]
-        return 100.0 * sum(correct) / len(correct), texts, counter.calls
+        batches = runtime.gather(mine, len(starts), d)
+        calls = sum(runtime.gather([counter.calls], d.world, d))
+        texts = [t for ts, _ in batches for t in ts]
+        correct = [c for _, cs in batches for c in cs]
+        return 100.0 * sum(correct) / len(correct), texts, calls
 
     @torch.no_grad()
     def speed(self, task: Task) -> dict[str, dict]:
@@ -216,15 +246,17 @@ class Runner:
         out = {m.label: {"seconds": [], "decoder_seconds": []} for m in self.methods}
         for m in self.methods:  # FLOPs (also the warm-up; not timed)
             torch.manual_seed(0)
-            with DecoderProbe(m.decoder_owner, count_flops=True) as probe:
+            with DecoderProbe(m.decoder_owner, count_flops=True) as probe, self.dist.autocast():
                 out[m.label]["flops"] = count_flops(lambda: m.generate(ids, mask, **kw))
             out[m.label]["decoder_flops"] = probe.flops
         for r in range(self.p.posttrain.throughput_repeats):
             for m in self.methods:
                 torch.manual_seed(r)
-                with DecoderProbe(m.decoder_owner) as probe:
+                with DecoderProbe(m.decoder_owner) as probe, self.dist.autocast():
+                    runtime.synchronize(self.device)
                     t0 = time.perf_counter()
                     m.generate(ids, mask, **kw)
+                    runtime.synchronize(self.device)
                     out[m.label]["seconds"].append(time.perf_counter() - t0)
                 out[m.label]["decoder_seconds"].append(probe.seconds)
         for m in self.methods:
@@ -233,12 +265,14 @@ class Runner:
         return out
 
 
-def build_methods(p: Params, root: Path = Path("."), device="cpu") -> tuple[list[Method], object]:
-    """The base and TADM at every K of posttrain.refresh_every (trained fusion loaded)."""
+def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None) -> tuple[list[Method], object]:
+    """The base and TADM at every K of posttrain.refresh_every (trained fusion loaded), on the
+    device of `dist` (None: `runtime.setup(p.runtime)`)."""
     from tadm.data.tokenizer import load_tokenizer
 
+    d = dist or runtime.setup(p.runtime)
     source = dgm.base_source(p, root)
-    base = dgm.load_base(source, p.posttrain.precision, device)
+    base = dgm.load_base(source, p.posttrain.precision, d.device)
     tadm = dgm.build_tadm(base, p)
     dgm.load_fusion(tadm, root / dgm.TADM_DIR)
     tadm.fusion.to(dtype=base.dtype).eval()
@@ -247,11 +281,19 @@ def build_methods(p: Params, root: Path = Path("."), device="cpu") -> tuple[list
 
 
 def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out: Path | None = None,
-        log=print) -> dict:
-    """Score every method on every task and seed; measure speed; write results/table1.json."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    methods, tok = build_methods(p, root, device)
-    runner = Runner(p, tok, methods, device)
+        log=print, dist: runtime.Dist | None = None) -> dict:
+    """Score every method on every task and seed; measure speed; write results/table1.json.
+    On the device of `dist` (None: `runtime.setup(p.runtime)`); with runtime.nproc > 1 (and not
+    under torchrun already) in torchrun workers (`tadm.experiments.worker`), whose result is
+    returned."""
+    from tadm.experiments import worker
+
+    if worker.needs_launch(p):
+        return worker.launch("table1", p, {"root": str(root), "sft_dir": str(sft_dir),
+                                           "out": str(out or root / "results" / "table1.json")})
+    d = dist or runtime.setup(p.runtime)
+    methods, tok = build_methods(p, root, d)
+    runner = Runner(p, tok, methods, d)
     pt = p.posttrain
     results = {"steps": pt.sample_steps, "split": list(methods[0].tadm.split.split),
                "fusion_parameters": methods[0].tadm.fusion.num_parameters, "tasks": {}}
@@ -260,7 +302,7 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         if not task.prompts:
             raise DataError(f"task {name}: no evaluation examples")
         rows = {}
-        bar = tqdm(total=len(methods) * len(pt.seeds), desc=f"table1[{name}]", unit="run")
+        bar = tqdm(total=len(methods) * len(pt.seeds), desc=f"table1[{name}]", unit="run", disable=not d.main)
         for m in methods:
             accs, samples, calls = [], [], 0
             for seed in pt.seeds:
@@ -278,8 +320,10 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         for label, speed in runner.speed(task).items():
             rows[label].update(speed)
         results["tasks"][name] = {"n": len(task.prompts), "methods": rows}
-        log(f"table1[{name}]: " + ", ".join(f"{k} {v['accuracy']:.1f}%" for k, v in rows.items()))
-    atomic_write_json(out or root / "results" / "table1.json", results)
+        if d.main:
+            log(f"table1[{name}]: " + ", ".join(f"{k} {v['accuracy']:.1f}%" for k, v in rows.items()))
+    if d.main:
+        atomic_write_json(out or root / "results" / "table1.json", results)
     return results
 
 

@@ -1,0 +1,161 @@
+"""Multi-process runs of the experiments: ``python -m tadm.experiments.worker <job> <spec.json>``.
+
+The notebooks run in one kernel process. When ``runtime.nproc`` > 1, the notebook-level
+functions (`table2.run_row`, `table2.run_sweep`, `tadm.posttrain.table1.run`,
+`tadm.asrd.compare.run`) call :func:`launch`, which writes a spec file and runs
+
+    python -m torch.distributed.run --standalone --nproc_per_node=N -m tadm.experiments.worker <job> <spec.json>
+
+(`runtime.torchrun_argv`). Every worker process joins the process group (`runtime.setup`: one
+GPU per process, nccl; gloo on the CPU), runs the same function with its `Dist`, which splits
+the work over the processes and gathers it back in order, and the main process writes the
+function's outputs (atomically, as in one process) plus its return value to the spec's
+``result`` file; the notebook then continues from that file. With nproc == 1 nothing is
+launched and everything runs in the kernel.
+
+Jobs and their ``args`` (paths relative to the working directory, which the workers share):
+
+    row      {"name", "tokenizer", "packed_dir", "kwargs": run_row's keyword arguments}
+    sweep    {"row", "tokenizer", "packed_dir", "kwargs": run_sweep's keyword arguments}
+    table1   {"root", "sft_dir", "out"}
+    asrd     {"root", "out"}
+
+The spec file: ``{"job": ..., "params": tadm.config.to_dict(params), "args": {...},
+"result": path}``. On a cluster the same command runs under any torchrun invocation.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from tadm import config, runtime
+from tadm.config import Params
+from tadm.errors import TadmError
+from tadm.io import atomic_write_text
+
+MODULE = "tadm.experiments.worker"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# torchrun's variables: a launch from inside a torchrun process must not inherit them
+TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+                "TORCHELASTIC_ERROR_FILE")
+
+
+def needs_launch(params: Params) -> bool:
+    """True when `params` ask for several processes and this one is not one of them already."""
+    return params.runtime.nproc > 1 and not runtime.under_torchrun()
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def launch(job: str, params: Params, args: dict[str, Any], log: Callable[[str], None] | None = None) -> Any:
+    """Run `job` under torchrun with params.runtime.nproc processes, wait, and return what its
+    main process returned (a JSON value). The workers' output is echoed line by line (into the
+    notebook when called from one); a failed run is a TadmError with its last lines."""
+    if job not in JOBS:
+        raise TadmError(f"unknown worker job {job!r}; known: {', '.join(JOBS)}")
+    echo = log or (lambda line: print(line, end="", flush=True))
+    with tempfile.TemporaryDirectory(prefix="tadm-worker-") as tmp:
+        spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec.write_text(json.dumps({"job": job, "params": config.to_dict(params), "args": args,
+                                    "result": str(result)}, indent=2))
+        argv = runtime.torchrun_argv(params.runtime.nproc, [MODULE, job, str(spec)])
+        tail: collections.deque[str] = collections.deque(maxlen=30)
+        proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            echo(line)
+            tail.append(line)
+        rc = proc.wait()
+        if rc != 0 or not result.is_file():
+            raise TadmError(f"`{' '.join(argv[1:])}` failed with exit code {rc}; its last lines:\n" + "".join(tail))
+        return json.loads(result.read_text())
+
+
+# ----------------------------------------------------------------------------- the jobs
+
+
+def _scorer(p: Params, d: runtime.Dist, args: dict):
+    from tadm.data.tokenizer import load_tokenizer
+    from tadm.experiments.table2 import Scorer
+
+    return Scorer(p, load_tokenizer(args["tokenizer"]), args["packed_dir"], dist=d)
+
+
+def _row(p: Params, d: runtime.Dist, args: dict) -> Any:
+    from tadm.experiments.table2 import run_row
+
+    return run_row(args["name"], p, _scorer(p, d, args), **args["kwargs"])
+
+
+def _sweep(p: Params, d: runtime.Dist, args: dict) -> Any:
+    from tadm.experiments.table2 import run_sweep
+
+    return run_sweep(args["row"], p, _scorer(p, d, args), **args["kwargs"])
+
+
+def _path(value) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def _table1(p: Params, d: runtime.Dist, args: dict) -> Any:
+    from tadm.posttrain import table1
+
+    log = print if d.main else (lambda *_: None)
+    return table1.run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=_path(args.get("out")), log=log,
+                      dist=d)
+
+
+def _asrd(p: Params, d: runtime.Dist, args: dict) -> Any:
+    from tadm.asrd import compare
+
+    log = print if d.main else (lambda *_: None)
+    return compare.run(p, root=Path(args["root"]), out=_path(args.get("out")), log=log, dist=d)
+
+
+JOBS: dict[str, Callable[[Params, runtime.Dist, dict], Any]] = {"row": _row, "sweep": _sweep, "table1": _table1,
+                                                                 "asrd": _asrd}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] not in JOBS:
+        print(f"usage: python -m {MODULE} {{{','.join(JOBS)}}} SPEC.json   (normally under torchrun; see the "
+              "module docstring)", file=sys.stderr)
+        return 2
+    job, spec_path = argv
+    spec = json.loads(Path(spec_path).read_text())
+    p = config.from_dict(spec["params"], source=spec_path)
+    d = runtime.setup(p.runtime)
+    try:
+        result = JOBS[job](p, d, spec["args"])
+        if d.main and spec.get("result"):  # key order kept: the tables list rows in the result's order
+            atomic_write_text(spec["result"], json.dumps(result, ensure_ascii=False))
+        runtime.barrier(d)
+    finally:
+        import torch.distributed
+
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except TadmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,87 @@
+"""One process against two (torchrun, gloo on the CPU): Table 2's samples and scores, Table 1
+and the ASRD comparison come out the same, the work split over the processes in batches and
+gathered in order (`tadm.experiments.worker`)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tadm import config
+from tadm.data.tokenizer import load_tokenizer
+from tadm.experiments import table2, worker
+from tests.experiments.conftest import posttrain_raw, table2_raw
+
+pytestmark = pytest.mark.slow
+
+SCORES = ("mauve", "gen_ppl", "entropy", "layer_calls", "anchor_calls", "flops_per_token", "refreshes_per_trajectory",
+          "examples", "sampler", "policy", "T")
+
+
+@pytest.mark.parametrize("row", ["tadm", "ar"])
+def test_two_processes_draw_and_score_what_one_does(row, table2_workspace, evaluator_dir, micro_packed, tmp_path):
+    tok = load_tokenizer(micro_packed.parent / "tokenizer")
+    results = {}
+    for nproc in (1, 2):
+        # separate evaluator caches: the two-process run featurizes the references itself
+        p = config.from_dict(table2_raw(table2_workspace, evaluator_dir, **{"runtime.nproc": nproc,
+                                                                             "eval.cache_dir": str(tmp_path / f"cache{nproc}")}))
+        assert worker.needs_launch(p) == (nproc > 1)
+        scorer = table2.Scorer(p, tok, micro_packed)
+        out = tmp_path / f"n{nproc}"
+        results[nproc] = table2.run_row(row, p, scorer, models_dir=table2_workspace / "models", samples_dir=out,
+                                        out=out / f"{row}.json")
+        assert scorer._evaluator is None or nproc == 1  # the launching process loaded nothing
+        assert json.loads((out / f"{row}.json").read_text()) == results[nproc]
+    for T in ("8", "16"):
+        one, two = results[1]["budgets"][T], results[2]["budgets"][T]
+        assert {k: one[k] for k in SCORES} == {k: two[k] for k in SCORES}
+        for name in (f"T{T}.npy", f"T{T}_gen_ppl.npy"):
+            a, b = np.load(tmp_path / "n1" / row / name), np.load(tmp_path / "n2" / row / name)
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+        rec1, rec2 = (json.loads((tmp_path / f"n{n}" / row / f"T{T}.json").read_text()) for n in (1, 2))
+        assert (rec1["processes"], rec2["processes"]) == (1, 2)
+        assert rec1["counters"] == rec2["counters"] and rec1["batch_seeds"] == rec2["batch_seeds"]
+    refs = [sorted((tmp_path / f"cache{n}").glob("reference_features-*.npy")) for n in (1, 2)]
+    assert [r.name for r in refs[0]] == [r.name for r in refs[1]] and len(refs[0]) == 1
+    assert refs[0][0].read_bytes() == refs[1][0].read_bytes()
+
+
+def _same(a: dict, b: dict, keys: tuple[str, ...]) -> None:
+    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+
+
+def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path):
+    from tadm.posttrain import table1
+
+    results = {}
+    for nproc in (1, 2):
+        p = config.from_dict(posttrain_raw(**{"runtime.nproc": nproc}))
+        results[nproc] = table1.run(p, root=posttrain_workspace, sft_dir=posttrain_workspace / "data" / "sft",
+                                    out=tmp_path / f"table1_{nproc}.json", log=lambda *_: None)
+        assert json.loads((tmp_path / f"table1_{nproc}.json").read_text()) == results[nproc]
+    one, two = results[1]["tasks"]["arithmetic"], results[2]["tasks"]["arithmetic"]
+    assert one["n"] == two["n"] == 8  # three prompt batches of 3, 3, 2
+    assert list(one["methods"]) == list(two["methods"]) == ["Base", "TADM K=1", "TADM K=2", "TADM K=3"]
+    for label in one["methods"]:
+        _same(one["methods"][label], two["methods"][label],
+              ("accuracy_seeds", "layer_calls", "examples", "flops", "decoder_flops", "layer_calls_per_step"))
+
+
+def test_asrd_two_processes_score_what_one_does(posttrain_workspace, tmp_path):
+    from tadm.asrd import compare
+
+    results = {}
+    for nproc in (1, 2):
+        p = config.from_dict(posttrain_raw(**{"runtime.nproc": nproc}))
+        results[nproc] = compare.run(p, root=posttrain_workspace, out=tmp_path / f"asrd_{nproc}.json",
+                                     log=lambda *_: None)
+    assert [(g["task"], g["model"]) for g in results[1]["groups"]] == [(g["task"], g["model"]) for g in results[2]["groups"]]
+    for g1, g2 in zip(results[1]["groups"], results[2]["groups"]):
+        assert g1["n"] == g2["n"] and list(g1["methods"]) == list(g2["methods"])
+        for label in g1["methods"]:
+            _same(g1["methods"][label], g2["methods"][label],
+                  ("accuracy_seeds", "calls_per_batch", "verify_calls_per_batch", "layer_calls_per_batch",
+                   "refreshes_per_batch", "remasked_per_sequence", "examples", "settings"))

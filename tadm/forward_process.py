@@ -62,7 +62,8 @@ def sample_times(
     else:
         u = torch.rand(batch, generator=generator, device=device, dtype=dtype)
     t = eps + (1.0 - eps) * u
-    below_one = torch.nextafter(torch.ones((), dtype=dtype), torch.zeros((), dtype=dtype))
+    # the largest value below 1 in `dtype`, computed on the host (no device round trip)
+    below_one = torch.nextafter(torch.ones((), dtype=dtype, device=CPU), torch.zeros((), dtype=dtype, device=CPU))
     return t.clamp(max=below_one.item())
 
 

@@ -51,6 +51,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from tadm.runtime import CPU
 from tadm.asrd.atc import AnchorTokensCache
 from tadm.asrd.backends import Backend, DecodeCounters
 from tadm.asrd.guidance import anchor_centroid, guidance_signal
@@ -192,7 +193,7 @@ class _Run:
     def alpha(self, t: float) -> float:
         if self.cfg.method == "remdm":
             return self.loop.alpha(t)
-        return float(self.schedule.alpha(torch.tensor(t, dtype=torch.float64)))
+        return float(self.schedule.alpha(torch.tensor(t, dtype=torch.float64, device=CPU)))
 
     def guidance(self, undecided: Tensor) -> Tensor | None:
         atc, cfg = self.atc, self.cfg

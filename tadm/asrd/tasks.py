@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tadm.runtime import CPU
 from tadm.data import arithmetic
 from tadm.errors import ConfigError, DataError
 from tadm.io import atomic_write_text, read_jsonl, write_manifest
@@ -118,7 +119,7 @@ class Layout:
     @property
     def region(self) -> torch.Tensor:
         """(L,) bool: the response positions."""
-        r = torch.zeros(self.length, dtype=torch.bool)
+        r = torch.zeros(self.length, dtype=torch.bool, device=CPU)
         r[self.P:] = True
         return r
 

@@ -79,7 +79,8 @@ def train(p: Params, tokenizer, root: Path = Path("."), log=print, restart: bool
     x = torch.cat([layout.encode(tr.prompts, tr.responses) for tr, _ in sets.values()])
     region = layout.region
     torch.manual_seed(_seed(p.seed, 0xA5D))
-    model = build_model("mdlm", p.model, len(tokenizer), layout.length).to(d.device).train()
+    with torch.device(d.device):
+        model = build_model("mdlm", p.model, len(tokenizer), layout.length).train()
     opt = adamw(model.parameters(), d.device, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
     settings = {"asrd": {k: getattr(a, k) for k in TRAIN_KEYS}, "model": dataclasses.asdict(p.model), "seed": p.seed,
                 "data": hashlib.sha256(x.numpy().tobytes()).hexdigest(),

@@ -37,7 +37,7 @@ def sample_entropy(samples, ignore_ids=()) -> np.ndarray:
     out = []
     for i, row in enumerate(_rows(samples)):
         if len(ignore_ids):
-            row = row[~torch.isin(row, torch.as_tensor(list(ignore_ids), dtype=row.dtype))]
+            row = row[~torch.isin(row, torch.as_tensor(list(ignore_ids), dtype=row.dtype, device=row.device))]
         if row.numel() == 0:
             raise ValueError(f"samples[{i}] has no token left to count")
         _, counts = torch.unique(row, return_counts=True)

@@ -36,7 +36,7 @@ import torch
 
 from tadm.errors import DataError
 from tadm.metrics.shards import map_batches
-from tadm.runtime import Dist
+from tadm.runtime import CPU, Dist
 
 MINILM = "minilm"
 SMOLLM2 = "smollm2"
@@ -101,10 +101,10 @@ class Featurizer:
 
         def run(batch: list[int]) -> np.ndarray:
             width = max(len(ids[i]) for i in batch)
-            tokens = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            tokens = torch.full((len(batch), width), self.pad_id, dtype=torch.long, device=CPU)
+            mask = torch.zeros((len(batch), width), dtype=torch.long, device=CPU)
             for row, i in enumerate(batch):
-                tokens[row, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
+                tokens[row, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long, device=CPU)
                 mask[row, : len(ids[i])] = 1
             tokens, mask = tokens.to(self.device), mask.to(self.device)
             hidden = self.model(input_ids=tokens, attention_mask=mask).last_hidden_state

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from tadm.metrics.evaluator import Evaluator
 from tadm.metrics.shards import map_batches
-from tadm.runtime import Dist
+from tadm.runtime import CPU, Dist
 
 
 @dataclass
@@ -74,10 +74,10 @@ def chunks(ids: list[int], context_length: int) -> list[list[int]]:
 @torch.no_grad()
 def _chunk_nll(model, batch: list[list[int]], pad_id: int, device) -> list[float]:
     width = max(len(c) for c in batch)
-    tokens = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    tokens = torch.full((len(batch), width), pad_id, dtype=torch.long, device=CPU)
+    mask = torch.zeros((len(batch), width), dtype=torch.long, device=CPU)
     for row, c in enumerate(batch):
-        tokens[row, : len(c)] = torch.tensor(c, dtype=torch.long)
+        tokens[row, : len(c)] = torch.tensor(c, dtype=torch.long, device=CPU)
         mask[row, : len(c)] = 1
     tokens, mask = tokens.to(device), mask.to(device)
     logits = model(input_ids=tokens, attention_mask=mask).logits[:, :-1].float()
@@ -191,12 +191,12 @@ def gen_ppl_and_features(texts: list[str], evaluator: Evaluator, batch_size: int
 
     def run(batch: list[int]) -> tuple[list[tuple[float, int]], np.ndarray]:
         L = max(len(windows[i]) for i in batch)
-        tokens = torch.full((len(batch), L), eos, dtype=torch.long)
-        mask = torch.zeros((len(batch), L), dtype=torch.long)
-        scored = torch.zeros((len(batch), L), dtype=torch.bool)  # target positions counted in the NLL
-        pooled_over = torch.zeros((len(batch), L), dtype=torch.long)  # positions the feature pools
+        tokens = torch.full((len(batch), L), eos, dtype=torch.long, device=CPU)
+        mask = torch.zeros((len(batch), L), dtype=torch.long, device=CPU)
+        scored = torch.zeros((len(batch), L), dtype=torch.bool, device=CPU)  # target positions counted in the NLL
+        pooled_over = torch.zeros((len(batch), L), dtype=torch.long, device=CPU)  # positions the feature pools
         for row, i in enumerate(batch):
-            tokens[row, : len(windows[i])] = torch.tensor(windows[i])
+            tokens[row, : len(windows[i])] = torch.tensor(windows[i], device=CPU)
             mask[row, : len(windows[i])] = 1
             scored[row, 1: len(pieces[i][0]) if pieces[i] else 0] = True
             pooled_over[row, : min(width, len(windows[i]))] = 1

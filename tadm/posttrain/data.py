@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tadm.runtime import CPU
 from tadm.errors import ConfigError, DataError
 from tadm.io import read_jsonl
 
@@ -73,26 +74,26 @@ class SftCanvases:
     def batch(self, indices: list[int]) -> CanvasBatch:
         rows = [self.example(i) for i in indices]
         width = max(1, max(len(c) for c, _, _ in rows))
-        context = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        context = torch.full((len(rows), width), self.pad_id, dtype=torch.long, device=CPU)
+        mask = torch.zeros((len(rows), width), dtype=torch.bool, device=CPU)
         for b, (c, _, _) in enumerate(rows):
             if len(c):
                 context[b, width - len(c):] = torch.from_numpy(c.astype(np.int64))
                 mask[b, width - len(c):] = True
         target = torch.from_numpy(np.stack([tgt for _, tgt, _ in rows]))
-        t = torch.tensor([t for _, _, t in rows], dtype=torch.float32)
+        t = torch.tensor([t for _, _, t in rows], dtype=torch.float32, device=CPU)
         return CanvasBatch(context, mask, target, t)
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> (ids, mask), left-padded to the longest (a prompt batch for ``generate``)."""
     width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=CPU)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long, device=CPU)
     for b, s in enumerate(sequences):
         if not s:
             raise DataError(f"prompt {b} of the batch is empty after tokenization")
-        ids[b, width - len(s):] = torch.tensor(s)
+        ids[b, width - len(s):] = torch.tensor(s, device=CPU)
         mask[b, width - len(s):] = 1
     return ids, mask
 

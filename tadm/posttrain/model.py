@@ -80,7 +80,8 @@ def build_tadm(base, p: Params) -> TimeAnchoredDiffusionGemma:
     """Split the base 2/20/8-style and attach a fresh fusion (zero-initialised up-projection)."""
     pt = p.posttrain
     split = SplitDiffusionGemma(base, pt.shared_layers, pt.anchor_layers, pt.denoiser_layers)
-    fusion = PairedAttentionFusion(split.hidden_size, pt.fusion_rank, pt.gate_bias_init).to(base.device)
+    with torch.device(base.device):
+        fusion = PairedAttentionFusion(split.hidden_size, pt.fusion_rank, pt.gate_bias_init)
     return TimeAnchoredDiffusionGemma(split, fusion)
 
 

@@ -169,7 +169,8 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
     pad, eos = _pad_and_eos(tokenizer)
     data = SftCanvases(sft_dir, "train", pt.canvas_length, pt.max_context_tokens, pad)
     torch.manual_seed(_seed(p.seed, 0xD6))
-    model = DiffusionGemmaForBlockDiffusion(dgm.small_config(p, len(tokenizer), eos, pad)).to(d.device).train()
+    with torch.device(d.device):
+        model = DiffusionGemmaForBlockDiffusion(dgm.small_config(p, len(tokenizer), eos, pad)).train()
     model.model.encoder.vision_tower.requires_grad_(False)
     model.model.encoder.embed_vision.requires_grad_(False)
     trainable = [q for q in model.parameters() if q.requires_grad]

@@ -64,6 +64,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from tadm.runtime import CPU
 from tadm import runtime
 from tadm.losses import subs_log_probs
 from tadm.sampling.adapters import Adapter
@@ -255,14 +256,14 @@ def block_ranges(seq_len: int, block_size: int | None) -> list[tuple[int, int]]:
 
 def alpha_at(schedule: NoiseSchedule, t: float) -> float:
     """alpha_t as a Python float, evaluated in float64."""
-    return float(schedule.alpha(torch.tensor(t, dtype=torch.float64)))
+    return float(schedule.alpha(torch.tensor(t, dtype=torch.float64, device=CPU)))
 
 
 def alpha_grid(schedule: NoiseSchedule, times: list[float]) -> list[float]:
     """[alpha_at(schedule, t) for t in times] from one float64 evaluation (one host read)."""
     if not times:
         return []
-    return schedule.alpha(torch.tensor(times, dtype=torch.float64)).tolist()
+    return schedule.alpha(torch.tensor(times, dtype=torch.float64, device=CPU)).tolist()
 
 
 def decoded_rows(decoded: Tensor, n: int) -> Tensor:

@@ -118,8 +118,8 @@ class GlobalBatches:
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm is None or self._perm[0] != epoch:
-            gen = torch.Generator().manual_seed(_seed(self.seed, epoch, 0xDA7A))
-            self._perm = (epoch, torch.randperm(self.n, generator=gen))
+            gen = torch.Generator(runtime.CPU).manual_seed(_seed(self.seed, epoch, 0xDA7A))
+            self._perm = (epoch, torch.randperm(self.n, generator=gen, device=runtime.CPU))  # the data order lives on the host
         return self._perm[1]
 
     def indices(self, step: int) -> list[int]:
@@ -256,7 +256,8 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     vocab, seq_len = meta["vocab_size"], meta["seq_len"]
 
     torch.manual_seed(_seed(p.seed, 0x1417))  # identical initial weights on every rank
-    model = method.build_model(vocab, seq_len).to(d.device)
+    with torch.device(d.device):  # built where it trains (no tensor left on the default device)
+        model = method.build_model(vocab, seq_len)
     names = [n for n, _ in model.named_parameters()]
     opt = adamw(model.parameters(), d.device, lr=p.train.lr, betas=tuple(p.train.betas), eps=p.train.eps,
                 weight_decay=p.train.weight_decay)

@@ -8,15 +8,31 @@ t (B,) float. Losses are computed in `dtype` (float32 by default) whatever the l
 Paper notation: lambda_t = alpha'_t / (1 - alpha_t) < 0 is the continuous-time NELBO weight
 (`NoiseSchedule.nelbo_weight`), so -lambda_t log p >= 0 is a positive loss, written below as
 lambda_t * log p (both factors negative).
+
+Two implementations of the same objectives:
+
+- On full logits (``subs_log_probs`` + ``mdlm_nelbo``, ``anchor_cross_entropy``, ...): the
+  definitions, used by the samplers and kept as the reference the fast path is tested against.
+- On scored rows only (``Readout`` and the ``*_rows`` / ``*_readout`` functions, used for
+  training and validation): every objective here reads only some positions (SUBS puts a point
+  mass on unmasked positions, so they contribute exactly 0), so the model gathers the hidden
+  states of those rows, (N, d), and runs its LM head and a cross-entropy on them in chunks of
+  ~CHUNK_ELEMENTS logits, each chunk under non-reentrant activation checkpointing (once the
+  rows' logits reach CHECKPOINT_MIN_ELEMENTS): no (B, L, V+1) tensor is built, and backward
+  keeps no chunk's logits (it recomputes one chunk's head at a time). The per-row values are placed back at their positions of a (B, L) zero
+  tensor and summed over positions, as the reference sums, so the two agree to float rounding.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from tadm.forward_process import StalePair
 from tadm.schedule import NoiseSchedule
@@ -48,6 +64,102 @@ def _weighted_masked_sum(log_p: Tensor, weight: Tensor, selected: Tensor) -> Ten
     """
     terms = torch.where(selected, log_p, torch.zeros_like(log_p))
     return weight * terms.sum(-1)
+
+
+# --------------------------------------------------------------------------- scored rows only
+
+CHUNK_ELEMENTS = 1 << 25  # logits per chunk: 667 rows at V+1 = 50258 (128 MiB in fp32)
+# Checkpoint only when the rows' logits are at least this many values (4 MiB in fp32): below,
+# keeping them costs nothing worth a recomputation (and checkpointing's fixed overhead is ~20%
+# of a micro-profile training step).
+CHECKPOINT_MIN_ELEMENTS = 1 << 20
+
+
+def chunk_rows(n_cols: int) -> int:
+    """Rows per chunk so that one chunk's logits hold about CHUNK_ELEMENTS values."""
+    return max(1, CHUNK_ELEMENTS // max(1, n_cols))
+
+
+def row_losses(
+    h_rows: Tensor,
+    targets: Tensor,
+    head: Callable[[Tensor], Tensor] | None,
+    row_loss: Callable[[Tensor, Tensor], Tensor],
+    n_cols: int,
+    checkpoint: bool = True,
+) -> Tensor:
+    """row_loss(head(h_rows), targets) -> (N,), computed chunk_rows(n_cols) rows at a time.
+
+    h_rows (N, d) are hidden states (or logits already, with head=None), targets (N,) ids,
+    n_cols the head's output width. While autograd records and the N rows' logits would hold
+    at least CHECKPOINT_MIN_ELEMENTS values, each chunk runs under non-reentrant activation
+    checkpointing: the forward keeps only the chunk's inputs and backward recomputes that
+    chunk's logits, so at most one chunk's logits (and softmax) are alive at any time, at the
+    price of one more head forward per row. Non-reentrant, so the whole step stays one
+    autograd graph and each parameter's gradient is accumulated once (what DDP's hooks expect).
+    The chunks are one `split` (its backward concatenates the chunks' gradients once, no
+    per-chunk full-size zeros), and there is always at least one chunk, possibly empty, so the
+    head is in the graph even when no row scores.
+    """
+
+    def piece(h: Tensor, y: Tensor) -> Tensor:
+        return row_loss(h if head is None else head(h), y)
+
+    chunk = chunk_rows(n_cols)
+    record = checkpoint and torch.is_grad_enabled() and h_rows.shape[0] * n_cols >= CHECKPOINT_MIN_ELEMENTS
+    out = [
+        _checkpoint(piece, h, y, use_reentrant=False, preserve_rng_state=False) if record else piece(h, y)
+        for h, y in zip(h_rows.split(chunk), targets.split(chunk))
+    ]
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+class Readout:
+    """What a model computes in place of its logits in training and validation: the
+    per-sequence sum (B,) of a per-row loss over the rows that score.
+
+    ``model(z_t, readout=r)`` returns ``r(h, head)``: the hidden states h (B, L, d) are
+    gathered at ``rows`` (N, d), then the head and ``row_loss`` run on them chunk by chunk
+    (:func:`row_losses`); the N values go back to their positions in a (B, L) zero tensor,
+    summed over L like the full-logits reference. It is called inside the model's forward, so a
+    DDP-wrapped model sees its head used through its own forward. A plain class (not a
+    dataclass), so DDP passes it to forward unchanged.
+    """
+
+    def __init__(self, rows: Tensor, targets: Tensor, row_loss: Callable[[Tensor, Tensor], Tensor],
+                 n_cols: int, checkpoint: bool = True):
+        self.rows = rows  # bool (B, L)
+        self.targets = targets[rows]  # (N,)
+        self.row_loss = row_loss
+        self.n_cols = n_cols
+        self.checkpoint = checkpoint
+
+    def __call__(self, h: Tensor, head: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+        """h (B, L, ...) -> (B,): sum over the rows of row_loss(head(h^l), target^l)."""
+        if tuple(h.shape[:2]) != tuple(self.rows.shape):
+            raise ValueError(f"readout over rows {tuple(self.rows.shape)} got states of shape {tuple(h.shape)}")
+        values = row_losses(h[self.rows], self.targets, head, self.row_loss, self.n_cols, self.checkpoint)
+        return values.new_zeros(self.rows.shape).masked_scatter(self.rows, values).sum(-1)
+
+
+def _subs_cross_entropy(logits: Tensor, target: Tensor, mask_id: int, dtype: torch.dtype) -> Tensor:
+    """-log x_theta[target] at masked rows: cross-entropy over the vocabulary with the mask
+    logit excluded (SUBS zero masking; the column is dropped rather than set to -inf)."""
+    return F.cross_entropy(logits[..., :mask_id].to(dtype), target, reduction="none")
+
+
+def subs_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32) -> Readout:
+    """-sum_l [z_t^l = m] log x_theta^l[x^l] per sequence: the rows masked in z_t (under SUBS
+    every other row is a point mass on its own token, log-prob 0), targets x. Also the anchor
+    cross-entropy's rows when given z_t' (TADM)."""
+    return Readout(z_t == mask_id, x, functools.partial(_subs_cross_entropy, mask_id=mask_id, dtype=dtype),
+                   mask_id + 1)
+
+
+def nelbo_from_rows(ce_sum: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:
+    """lambda_t * sum_l log p^l (the `mdlm_nelbo` / `anchor_cross_entropy` value) from the
+    per-sequence cross-entropy sum -sum_l log p^l of a :func:`subs_readout`."""
+    return -_nelbo_weight(schedule, t, ce_sum.dtype) * ce_sum
 
 
 # --------------------------------------------------------------------------- MDLM
@@ -144,6 +256,24 @@ def t_anelbo(
     return nelbo + gamma * anchor, {"nelbo": nelbo, "anchor": anchor}
 
 
+def t_anelbo_rows(
+    nelbo_ce: Tensor,
+    anchor_ce: Tensor | None,
+    pair: StalePair,
+    schedule: NoiseSchedule,
+    gamma: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """`t_anelbo` from scored rows: `nelbo_ce` from subs_readout(z_t, x) on the denoiser,
+    `anchor_ce` from subs_readout(z_t', x) on the anchor head (not read when gamma = 0)."""
+    nelbo = nelbo_from_rows(nelbo_ce, pair.t, schedule)
+    if gamma == 0:
+        return nelbo, {"nelbo": nelbo, "anchor": torch.zeros_like(nelbo)}
+    if anchor_ce is None:
+        raise ValueError("t_anelbo_rows: gamma > 0 needs the anchor rows' cross-entropy")
+    anchor = nelbo_from_rows(anchor_ce, pair.t_prime, schedule)
+    return nelbo + gamma * anchor, {"nelbo": nelbo, "anchor": anchor}
+
+
 def important_token_mask(x: Tensor, max_count: int = 5, vocab_size: int | None = None) -> Tensor:
     """ADLM's important tokens: bool (B, L), True where x^l occurs <= max_count times in x.
 
@@ -176,6 +306,14 @@ def adlm_anchor_loss(
     log_p = _log_prob_of(log_probs, x)
     selected = (z_t == mask_id) & important_token_mask(x, max_count, log_probs.shape[-1])
     return _weighted_masked_sum(log_p, _nelbo_weight(schedule, t, dtype), selected)
+
+
+def adlm_anchor_readout(z_t: Tensor, x: Tensor, mask_id: int, max_count: int = 5,
+                        dtype: torch.dtype = torch.float32) -> Readout:
+    """`adlm_anchor_loss`'s rows (masked in z_t and x^l important) as a readout of the anchor
+    logits (head None); weight the sum with :func:`nelbo_from_rows` at t."""
+    rows = (z_t == mask_id) & important_token_mask(x, max_count, mask_id + 1)
+    return Readout(rows, x, functools.partial(_subs_cross_entropy, mask_id=mask_id, dtype=dtype), mask_id + 1)
 
 
 # --------------------------------------------------------------------------- SEDD
@@ -233,15 +371,41 @@ def sedd_score_entropy(
     return weight * terms.sum(-1)
 
 
+def _sedd_bracket(logits: Tensor, target: Tensor, mask_id: int, dtype: torch.dtype) -> Tensor:
+    """sum_y exp(l_y) - l_x - 1 per row (see `sedd_score_entropy`)."""
+    scores = sedd_log_scores(logits, mask_id, dtype)
+    return torch.exp(torch.logsumexp(scores, dim=-1)) - scores.gather(-1, target.unsqueeze(-1)).squeeze(-1) - 1.0
+
+
+def sedd_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32) -> Readout:
+    """The score entropy reads masked positions only (an unmasked one contributes 0): the
+    rows masked in z_t, targets x, per-row bracket sum_y exp(l_y) - l_x - 1."""
+    return Readout(z_t == mask_id, x, functools.partial(_sedd_bracket, mask_id=mask_id, dtype=dtype), mask_id + 1)
+
+
+def sedd_score_entropy_rows(bracket_sum: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:
+    """`sedd_score_entropy` from the per-sequence bracket sum of a :func:`sedd_readout`."""
+    t = t.to(bracket_sum.dtype)
+    r = schedule.alpha(t) / schedule.one_minus_alpha(t)
+    return schedule.dsigma(t) * r * bracket_sum
+
+
 # --------------------------------------------------------------------------- AR
+
+
+def _ar_cross_entropy(logits: Tensor, target: Tensor, dtype: torch.dtype) -> Tensor:
+    return F.cross_entropy(logits.to(dtype), target, reduction="none", ignore_index=-100)
 
 
 def ar_nll(logits: Tensor, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """Autoregressive NLL per sequence (B,): -sum_{l>=1} log p(x^{l+1} | x^{<=l}).
 
-    logits[:, l] predicts x[:, l + 1]; the first token is not scored.
+    logits[:, l] predicts x[:, l + 1]; the first token is not scored. Cross-entropy on the
+    flattened logits, chunk by chunk (:func:`row_losses`), with the last position's target
+    ignored (loss 0): no shifted, cast or reshaped copy of the (B, L, V) logits.
     """
-    pred = logits[:, :-1].to(dtype)
-    target = x[:, 1:]
-    nll = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="none")
-    return nll.view(target.shape).sum(-1)
+    B, L, C = logits.shape
+    target = torch.cat([x[:, 1:], x.new_full((B, 1), -100)], dim=1)
+    nll = row_losses(logits.reshape(B * L, C), target.reshape(-1), None,
+                     functools.partial(_ar_cross_entropy, dtype=dtype), C)
+    return nll.view(B, L).sum(-1)

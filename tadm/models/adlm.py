@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from tadm.config import ModelConfig
+from tadm.losses import Readout
 from tadm.models.base import TadmModel
 from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
 
@@ -60,7 +61,12 @@ class ADLM(TadmModel):
         """Anchor logits (B, L, V+1) -> denoiser logits (B, L, V+1)."""
         return self.head(self.denoise_hidden(anchor_logits))
 
-    def forward(self, z_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """z_t (B, L) -> (logits, anchor_logits), both (B, L, V+1)."""
+    def forward(self, z_t: torch.Tensor, readout: Readout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """z_t (B, L) -> (logits, anchor_logits), both (B, L, V+1).
+
+        With a `readout` the denoiser's head runs only on its rows and the first output is
+        ``readout(denoiser hidden, head)`` (B,); the anchor logits stay full (the denoiser reads
+        the anchor's distribution at every position)."""
         anchor_logits = self.anchor(z_t)
-        return self.denoise(anchor_logits), anchor_logits
+        h = self.denoise_hidden(anchor_logits)
+        return (self.head(h) if readout is None else readout(h, self.head)), anchor_logits

@@ -184,7 +184,9 @@ class DiTFinalLayer(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift, scale = self.adaLN_modulation(c)[:, None].chunk(2, dim=-1)
+        """x (B, L, d) with c (B or 1, cond) -> (B, L, n_out); x (N, d) rows with c (1, cond) -> (N, n_out)."""
+        mods = self.adaLN_modulation(c)
+        shift, scale = mods.view(mods.shape[0], *([1] * (x.dim() - 2)), -1).chunk(2, dim=-1)
         return self.linear(modulate(self.norm(x), shift, scale))
 
 

@@ -3,7 +3,8 @@
     z_t (B, L) -> embedding (V+1, d) -> mdlm_layers DiT blocks -> final layer -> (B, L, V+1)
 
 The loss / sampler apply the SUBS parameterisation (mask logit -inf, unmasked positions copied);
-this module only produces raw logits.
+this module only produces raw logits (or, given a training `Readout`, runs its head on the
+scored rows only).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tadm.config import ModelConfig
+from tadm.losses import Readout
 from tadm.models.base import TadmModel
 from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
 
@@ -35,6 +37,10 @@ class MDLM(TadmModel):
         it only to the positions they read."""
         return self.final(x, self.cond())
 
-    def forward(self, z_t: torch.Tensor) -> torch.Tensor:
-        """z_t: (B, L) token ids in 0..V -> logits (B, L, V+1)."""
-        return self.head(self.hidden(z_t))
+    def forward(self, z_t: torch.Tensor, readout: Readout | None = None) -> torch.Tensor:
+        """z_t: (B, L) token ids in 0..V -> logits (B, L, V+1).
+
+        With a `readout` (training / validation) the head runs only on the readout's rows and
+        the result is ``readout(hidden, head)``, a per-sequence loss sum (B,)."""
+        h = self.hidden(z_t)
+        return self.head(h) if readout is None else readout(h, self.head)

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from tadm.config import ModelConfig
+from tadm.losses import Readout
 from tadm.models.base import TadmModel
 from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
 from tadm.models.fusion import Fusion
@@ -65,19 +66,26 @@ class TADM(TadmModel):
         """The full network up to D's head: denoise_hidden(z_t, anchor(z_t')) (B, L, d)."""
         return self.denoise_hidden(z_t, self.anchor(z_tprime))
 
-    def forward(self, z_t: torch.Tensor, z_tprime: torch.Tensor, *, return_anchor_logits: bool = False
+    def forward(self, z_t: torch.Tensor, z_tprime: torch.Tensor, *, return_anchor_logits: bool = False,
+                readout: Readout | None = None, anchor_readout: Readout | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x_theta(z_t, z_t') logits (B, L, V+1); z_t' is z_t's equally or more masked stale state.
 
         With ``return_anchor_logits=True`` returns (logits, anchor_logits(h_t')) from one call,
         so a DDP-wrapped model can train the anchor head (which DDP only sees through forward).
+        Training / validation: with a `readout` D's head runs only on its rows and the logits are
+        replaced by ``readout(hidden, head)`` (B,); with an `anchor_readout` the anchor head runs
+        only on its rows and a second output ``anchor_readout(h_t', anchor head)`` (B,) is returned.
         """
         h = self.anchor(z_tprime)
-        logits = self.denoise(z_t, h)
-        return (logits, self.anchor_logits(h)) if return_anchor_logits else logits
+        hidden = self.denoise_hidden(z_t, h)
+        out = self.head(hidden) if readout is None else readout(hidden, self.head)
+        if anchor_readout is not None:
+            return out, anchor_readout(h, self.anchor_logits)
+        return (out, self.anchor_logits(h)) if return_anchor_logits else out
 
     def anchor_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Training only: vocabulary logits (B, L, V+1) read off the anchor h (B, L, d)."""
+        """Training only: vocabulary logits (..., N, V+1) read off the anchor h (..., N, d)."""
         return self.anchor_head(h, self.anchor_cond())
 
     def inference_parameters(self) -> Iterator[nn.Parameter]:

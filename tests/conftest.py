@@ -27,6 +27,22 @@ def torch_single_thread():
     torch.set_num_threads(previous)
 
 
+def save_tiny_gpt2(path, positions: int):
+    """A randomly initialised 2-layer GPT-2 with the real GPT-2 tokenizer, saved with
+    save_pretrained into `path`: stands in for "gpt2-large" (same classes, same loading code)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tadm.data.tokenizer import build_gpt2
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=50257, n_positions=positions, n_embd=32, n_layer=2, n_head=2,
+                     bos_token_id=50256, eos_token_id=50256)
+    GPT2LMHeadModel(cfg).save_pretrained(str(path))
+    build_gpt2().save_pretrained(str(path))
+    return path
+
+
 def micro_raw(**overrides) -> dict:
     """The micro profile as a raw mapping, with `section.key` overrides."""
     from tadm import config

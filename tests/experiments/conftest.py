@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import micro_raw, torch_single_thread
+from tests.conftest import micro_raw, save_tiny_gpt2, torch_single_thread
 
 single_thread = pytest.fixture(autouse=True, scope="module", name="single_thread")(torch_single_thread)
 
@@ -35,17 +35,7 @@ def env() -> dict:
 @pytest.fixture(scope="session")
 def evaluator_dir(tmp_path_factory) -> Path:
     """A random 2-layer GPT-2 with the real GPT-2 tokenizer, saved with save_pretrained."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from tadm.data.tokenizer import build_gpt2
-
-    path = tmp_path_factory.mktemp("tiny-gpt2-evaluator")
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=50257, n_positions=EVAL_POSITIONS, n_embd=32, n_layer=2, n_head=2,
-                     bos_token_id=50256, eos_token_id=50256)
-    GPT2LMHeadModel(cfg).save_pretrained(str(path))
-    build_gpt2().save_pretrained(str(path))
-    return path
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2-evaluator"), EVAL_POSITIONS)
 
 
 def random_model(kind: str, vocab: int, seq_len: int, seed: int = 0):

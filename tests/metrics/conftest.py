@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import torch_single_thread
+from tests.conftest import save_tiny_gpt2, torch_single_thread
 
 single_thread = pytest.fixture(autouse=True, scope="module", name="single_thread")(torch_single_thread)
 
@@ -77,16 +77,5 @@ TINY_POSITIONS = 64
 
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory):
-    """A randomly initialised 2-layer GPT-2 with the real GPT-2 tokenizer, saved with
-    save_pretrained: stands in for "gpt2-large" (same classes, same loading code)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from tadm.data.tokenizer import build_gpt2
-
-    path = tmp_path_factory.mktemp("tiny-gpt2")
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=50257, n_positions=TINY_POSITIONS, n_embd=32, n_layer=2, n_head=2,
-                     bos_token_id=50256, eos_token_id=50256)
-    GPT2LMHeadModel(cfg).save_pretrained(str(path))
-    build_gpt2().save_pretrained(str(path))
-    return path
+    """A randomly initialised 2-layer GPT-2 with the real GPT-2 tokenizer (tests.conftest)."""
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"), TINY_POSITIONS)

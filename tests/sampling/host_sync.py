@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from tadm import runtime
 
@@ -74,6 +75,22 @@ def _to_cpu(args, kwargs) -> bool:
                for a in targets)
 
 
+class _BoolIndexMode(TorchFunctionMode):
+    """Counts boolean-mask indexing (a data-dependent shape: a host read on a GPU)."""
+
+    def __init__(self, log: "SyncLog"):
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
+            if _is_bool_index(args[1]):
+                self.log.hit("bool-index get" if func is torch.Tensor.__getitem__ else "bool-index set")
+            return func(*args, **(kwargs or {}))
+        with self.log.pause():  # `func` may be one of the patched methods: its own call was counted
+            return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def count_host_syncs() -> Iterator[SyncLog]:
     log = SyncLog()
@@ -103,20 +120,6 @@ def count_host_syncs() -> Iterator[SyncLog]:
             return wrapper
         return make
 
-    def getitem(original):
-        def wrapper(self, index):
-            if _is_bool_index(index):
-                log.hit("bool-index get")
-            return original(self, index)
-        return wrapper
-
-    def setitem(original):
-        def wrapper(self, index, value):
-            if _is_bool_index(index):
-                log.hit("bool-index set")
-            return original(self, index, value)
-        return wrapper
-
     def to(original):
         def wrapper(self, *args, **kwargs):
             if _to_cpu(args, kwargs):
@@ -128,12 +131,16 @@ def count_host_syncs() -> Iterator[SyncLog]:
         patch(torch.Tensor, name, method(name))
     for name in _FUNCTIONS:
         patch(torch, name, function(name))
-    patch(torch.Tensor, "__getitem__", getitem)
-    patch(torch.Tensor, "__setitem__", setitem)
     patch(torch.Tensor, "to", to)
+    # indexing is watched through a torch-function mode: a class attribute __getitem__ set on
+    # torch.Tensor and deleted again leaves CPython's sequence slot behind (0-d tensors then look
+    # like sequences to torch.tensor([...]) for the rest of the process)
+    mode = _BoolIndexMode(log)
+    mode.__enter__()
     try:
         yield log
     finally:
+        mode.__exit__(None, None, None)
         for owner, name, original, own in reversed(saved):
             if own:
                 setattr(owner, name, original)

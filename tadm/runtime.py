@@ -95,9 +95,14 @@ def setup(rt: Any = None) -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), device, precision)
 
 
+def effective_precision(device: torch.device, precision: str = "bf16") -> str:
+    """What `precision` means on `device`: "bf16" on CUDA when asked for; otherwise "fp32"."""
+    return "bf16" if precision == "bf16" and torch.device(device).type == "cuda" else "fp32"
+
+
 def autocast(device: torch.device, precision: str = "bf16") -> ContextManager:
     """bf16 autocast on CUDA when `precision` is "bf16"; otherwise nothing (fp32)."""
-    if precision == "bf16" and torch.device(device).type == "cuda":
+    if effective_precision(device, precision) == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return nullcontext()
 
@@ -173,4 +178,4 @@ def relaunch(nproc: int, module_argv: Sequence[str]) -> bool:
 
 
 __all__ = ["Dist", "setup", "resolve_device", "autocast", "synchronize", "host", "shard", "gather", "all_mean",
-           "barrier", "relaunch", "torchrun_argv", "under_torchrun", "configure_backends", "CPU"]
+           "barrier", "relaunch", "effective_precision", "torchrun_argv", "under_torchrun", "configure_backends", "CPU"]

@@ -342,7 +342,8 @@ _DDP_SCRIPT = textwrap.dedent("""
             model.zero_grad(set_to_none=True)
             method.loss(ddp, x[half], torch.Generator()).sum().backward()
         if rank == 0:
-            torch.save({n: q.grad for n, q in model.named_parameters()}, out)
+            from safetensors.torch import save_file
+            save_file({n: q.grad.contiguous() for n, q in model.named_parameters()}, out)
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -358,11 +359,13 @@ def test_ddp_step_through_the_readout_equals_one_process(tmp_path, monkeypatch):
     mean of the two losses: the readout runs inside DDP's forward, checkpointed chunks included."""
     script = tmp_path / "ddp.py"
     script.write_text(_DDP_SCRIPT)
-    out = tmp_path / "grads.pt"
+    out = tmp_path / "grads.safetensors"
     res = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120,
                          cwd=str(config.ROOT))
     assert res.returncode == 0, res.stderr[-3000:]
-    got = torch.load(out)
+    from safetensors.torch import load_file
+
+    got = load_file(str(out))
 
     _patch_sizes(monkeypatch, 3 * (V + 1), 0)
     method, model = _setup("tadm")

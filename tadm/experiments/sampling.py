@@ -78,7 +78,7 @@ def batch_seed(seed: int, index: int) -> int:
 def network_autocast(d: runtime.Dist) -> str:
     """The samplers' `autocast` setting on `d`: "bf16" on a GPU with runtime.precision bf16,
     else "fp32" (the CPU always runs fp32)."""
-    return "bf16" if d.precision == "bf16" and d.device.type != runtime.CPU.type else "fp32"
+    return runtime.effective_precision(d.device, d.precision)
 
 
 def batch_sizes(num_samples: int, batch_size: int) -> list[int]:

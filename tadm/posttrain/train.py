@@ -42,7 +42,7 @@ from tadm.posttrain.data import SftCanvases
 from tadm.posttrain.objective import Rollout, base_loss, posttrain_loss
 from tadm.runtime import Dist, all_mean
 from tadm.train import checkpoint
-from tadm.train.trainer import GlobalBatches, _seed, adamw, check_resumable, restart_if_asked, wrap
+from tadm.train.trainer import GlobalBatches, _seed, adamw, resume_state, wrap
 
 SFT_DIR = Path("data/sft")
 # code a checkpoint depends on (a change refuses to resume it): the base's run and the fusion's
@@ -86,7 +86,7 @@ def micro_batches(indices: list[int], batch: int, micro: int, d: Dist) -> list[t
 
 def _loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps: int, batch: int, micro: int,
           n_data: int, lr_at: Callable[[int], float], opt: torch.optim.Optimizer, clip: float, run_dir: Path,
-          settings: dict[str, Any] | str, seed: int, log_every: int, checkpoint_every: int, d: Dist, log=print,
+          settings: dict[str, Any], seed: int, log_every: int, checkpoint_every: int, d: Dist, log=print,
           restart: bool = False, compile: bool = False, command: str | None = None) -> list[dict]:
     """Optimise `module`'s trainable parameters; `loss_fn(net, indices, gen)` -> (loss, logs).
 
@@ -102,13 +102,11 @@ def _loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps: int, 
     if d.world > 1:
         quiet(f"[{name}] {d.world} processes on {d.device.type}, {micro} micro-batches of {batch} each per step "
               f"(global batch {batch * micro * d.world})")
-    hint = f"`{command or 'python -m tadm ' + name.replace('_', '-')} --restart`"
-    restart_if_asked(run_dir, restart, d, quiet)
     start, history = 0, []
-    fp = settings if isinstance(settings, str) else checkpoint.fingerprint(settings)
-    state = checkpoint.load_latest(run_dir, names, settings, log=quiet, restart=hint)
+    fp = checkpoint.fingerprint(settings)
+    state = resume_state(run_dir, names, settings, steps=steps, steps_key="steps", restart=restart,
+                         hint=f"`{command or 'python -m tadm ' + name.replace('_', '-')} --restart`", d=d, log=quiet)
     if state is not None:
-        check_resumable(state, steps, "steps", hint)
         module.load_state_dict(state.model, strict=False)  # host tensors copied onto the module's device
         checkpoint.restore_optimizer(opt, state.optimizer)
         start, history = state.step, state.extra["history"]
@@ -144,7 +142,7 @@ def _loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps: int, 
             bar.set_postfix(loss=f"{history[-1]['loss']:.3f}")
         if d.main and (done % checkpoint_every == 0 or done == steps):
             weights = {n: p.detach().clone() for n, p in params.items()}
-            extra = {"fingerprint": fp, "history": history, **({} if isinstance(settings, str) else {"settings": settings})}
+            extra = {"fingerprint": fp, "history": history, "settings": settings}
             checkpoint.save(run_dir, checkpoint.TrainState(done, weights, weights, opt.state_dict(), extra),
                             names, keep=1 if done == steps else 2)
     runtime.barrier(d)

@@ -83,20 +83,24 @@ def wrap(model: torch.nn.Module, d: Dist, compile: bool = False) -> tuple[torch.
     return ddp, (torch.compile(ddp) if compile else ddp)
 
 
-def restart_if_asked(run_dir: Path, restart: bool, d: Dist, log=print) -> None:
-    """``--restart``: the main process moves the run's checkpoints aside (never deletes them);
-    every process waits for it before looking for checkpoints."""
-    if restart and d.main:
-        moved = checkpoint.move_aside(run_dir)
-        log(f"{run_dir}: moved aside to {moved}, starting fresh" if moved else f"{run_dir}: nothing to move aside")
+def resume_state(run_dir: Path, names: list[str], settings: dict, *, steps: int, steps_key: str, restart: bool,
+                 hint: str, d: Dist, log=print) -> checkpoint.TrainState | None:
+    """The checkpoint a run continues from (None: start fresh), shared by every training loop.
+
+    ``--restart`` (`restart`): the main process first moves the run's checkpoints aside (never
+    deletes them) while the others wait. A checkpoint of other settings is refused
+    (:class:`checkpoint.SettingsChanged`, naming `hint`, the command that starts over), and so
+    is one beyond `steps`."""
     if restart:
+        if d.main:
+            moved = checkpoint.move_aside(run_dir)
+            log(f"{run_dir}: moved aside to {moved}, starting fresh" if moved else f"{run_dir}: nothing to move aside")
         runtime.barrier(d)
-
-
-def check_resumable(state: checkpoint.TrainState, steps: int, key: str, restart: str) -> None:
-    if state.step > steps:
-        raise TadmError(f"the newest checkpoint is at step {state.step}, beyond {key} = {steps}: raise {key} to "
-                        f"continue it, or start over with {restart}")
+    state = checkpoint.load_latest(run_dir, names, settings, log=log, restart=hint)
+    if state is not None and state.step > steps:
+        raise TadmError(f"the newest checkpoint is at step {state.step}, beyond {steps_key} = {steps}: raise "
+                        f"{steps_key} to continue it, or start over with {hint}")
+    return state
 
 
 # ----------------------------------------------------------------------------- data order
@@ -269,12 +273,10 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     if d.world > 1:
         quiet(f"[{name}] {d.world} processes on {d.device.type}, {n_micro // d.world} micro-batches of "
               f"{p.train.micro_batch} each per step (global batch {p.train.global_batch})")
-    hint = f"`python -m tadm train {name} --restart`"
-    restart_if_asked(paths.checkpoints, restart, d, quiet)
     start, history, evals, init_nelbo = 0, [], [], None
-    state = checkpoint.load_latest(paths.checkpoints, names, settings, log=quiet, restart=hint)
+    state = resume_state(paths.checkpoints, names, settings, steps=p.train.steps, steps_key="train.steps",
+                         restart=restart, hint=f"`python -m tadm train {name} --restart`", d=d, log=quiet)
     if state is not None:
-        check_resumable(state, p.train.steps, "train.steps", hint)
         model.load_state_dict(state.model)  # host tensors copied into the model on its device
         ema.load(state.ema)
         checkpoint.restore_optimizer(opt, state.optimizer)
@@ -289,7 +291,7 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     ddp, net = wrap(model, d, p.runtime.compile)
     batches = GlobalBatches(len(train_data), p.train.global_batch, p.seed)
     autocast = runtime.autocast(d.device, p.train.precision)
-    mine = [j for j in range(n_micro) if j % d.world == d.rank]
+    mine = runtime.shard(n_micro, d)  # this process's micro-batches of the step
     tokens_per_step = p.train.global_batch * seq_len
     bar = tqdm(range(start, p.train.steps), initial=start, total=p.train.steps, desc=f"train[{name}]",
                unit="step", disable=not d.main)

@@ -99,6 +99,33 @@ def cmd_train(args) -> None:
         print(json.dumps(summary))
 
 
+def cmd_evaluator(args) -> None:
+    """Train the Gen PPL / MAUVE evaluator (eval.evaluator: trained) and measure its sanity checks."""
+    from tadm.metrics import trained_evaluator as te
+
+    p = _params(args)
+    if te.TRAINED not in (p.eval.evaluator, p.eval.featurizer):
+        # another evaluator (the paper profile's GPT-2 Large): record which, train nothing
+        from tadm.io import atomic_write_json
+
+        record = {"run": "evaluator", "evaluator": p.eval.evaluator, "featurizer": p.eval.featurizer, "trained": False}
+        atomic_write_json(te.MODEL_DIR / "record.json", record)
+        atomic_write_json(te.METRICS, record)
+        print(f"eval.evaluator = {p.eval.evaluator!r}, eval.featurizer = {p.eval.featurizer!r}: nothing to train")
+        return
+    summary = te.train(p, Path(args.data), Path(args.tokenizer), restart=args.restart)
+    print(json.dumps(summary))
+
+
+def cmd_claims(args) -> None:
+    """paper_figures/claims.{md,csv}: every quantitative claim of the paper with a computed verdict."""
+    from tadm.experiments import claims
+
+    cs = claims.write(_params(args), out=Path(args.out))
+    for c in cs:
+        print(f"{c.verdict:>24}  {c.id}: {c.shown or '-'}")
+
+
 def cmd_count(args) -> None:
     """Parameter counts of every model at the active profile, built on the meta device
     (nothing is allocated, no optimizer). Paper profile: TADM 224M + 38.85M anchor head."""
@@ -283,6 +310,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (pack stage output)")
     _add_restart(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluator", help="train the small GPT-2 that scores samples (Gen PPL, MAUVE features) when "
+                       "eval.evaluator is 'trained'; writes models/evaluator and metrics/evaluator.json")
+    p.add_argument("--data", default=str(PACKED_DIR))
+    p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+    _add_restart(p)
+    p.set_defaults(func=cmd_evaluator)
+
+    p = sub.add_parser("claims", help="paper_figures/claims.{md,csv}: the paper's claims with verdicts computed from "
+                       "this run's results")
+    p.add_argument("--out", default="paper_figures")
+    p.set_defaults(func=cmd_claims)
 
     p = sub.add_parser("dg-base", help="train the small DiffusionGemma of the default profile on the SFT canvases")
     p.add_argument("--sft", default=str(SFT_DIR))

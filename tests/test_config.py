@@ -56,11 +56,19 @@ def test_default_posttrain_keeps_the_paper_split_proportions():
     assert pt.base_model == "local" and pt.tasks == ["arithmetic"] and pt.sample_steps == 48
 
 
-def test_default_profile_keeps_the_paper_lm_head_balance():
+def test_default_profile_keeps_the_paper_layer_ratios_and_budget_regimes():
+    """What sets Table 2's compute column: anchor = MDLM depth, denoiser = half; the budgets
+    T = L (K = 8) and T = 2L (K = 4) of the paper's schedule. The LM head's share of the FLOPs
+    is *not* kept (a 512-token vocabulary, 7 % against the paper's 27 %): a documented
+    deviation that makes measured speed-ups sit closer to the layer-call ratio."""
     paper = config.from_dict(config.render_profile("paper"))
     default = config.from_dict(config.render_profile("default"))
+    for p in (paper, default):
+        assert p.model.anchor_layers == p.model.mdlm_layers == 2 * p.model.denoiser_layers
+    L, s = default.sample.canvas_length, default.sample
+    assert dict(zip(s.steps, s.refresh_every)) == {L: 8, 2 * L: 4}
     share = lambda p: lm_head_share(p.model.d_model, p.packing.seq_len, p.tokenizer.vocab_size, p.model.mdlm_layers)
-    assert abs(share(default) - share(paper)) < 0.02
+    assert share(default) < 0.1 < share(paper)
 
 
 def test_yaml_exponent_without_dot_is_a_float():

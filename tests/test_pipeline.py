@@ -21,17 +21,17 @@ pytestmark = pytest.mark.slow
 
 RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
-TRAIN_STAGES = DATA_STAGES + tuple(f"train@{r}" for r in RUNS)
+TRAIN_STAGES = DATA_STAGES + tuple(f"train@{r}" for r in RUNS) + ("evaluator",)
 ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm")
 POSTTRAIN_STAGES = ("dg_base", "dg_posttrain", "asrd_model")
 STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
-          + POSTTRAIN_STAGES + ("table1", "asrd"))
+          + POSTTRAIN_STAGES + ("table1", "asrd", "claims", "stage_times"))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
-           "table1.md", "table1.csv", "asrd.md", "asrd.csv")
+           "table1.md", "table1.csv", "asrd.md", "asrd.csv", "claims.md", "claims.csv", "stage_times.md")
 DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft", "data/asrd")
-MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/asrd_mdlm")
-OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain", "asrd_mdlm"))
+MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/asrd_mdlm", "models/evaluator")
+OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain", "asrd_mdlm", "evaluator"))
 
 
 def _env() -> dict:

@@ -101,6 +101,16 @@ class PackedTokens:
     def __len__(self) -> int:
         return int(self._ends[-1])
 
+    def unigram_entropy(self) -> float:
+        """Entropy (nats) of the empirical distribution of every token of the split: the NLL
+        per token of the best context-free predictor fitted on the split itself, the line a
+        model that uses no context cannot get below."""
+        flat = [np.asarray(s, dtype=np.int64).ravel() for s in self.shards]
+        size = 1 + max(int(f.max()) for f in flat)
+        counts = sum(np.bincount(f, minlength=size) for f in flat)
+        q = counts[counts > 0] / counts.sum()
+        return float(-(q * np.log(q)).sum())
+
     def __getitem__(self, i: int) -> np.ndarray:
         if not -len(self) <= i < len(self):
             raise IndexError(i)

@@ -95,6 +95,16 @@ def _sum_counters(counters: list[ComputeCounter]) -> ComputeCounter:
     return total
 
 
+def _rate_se(tokens: list[int], seconds: list[float], B: int = 200) -> float | None:
+    """Bootstrap spread (over batches) of total tokens / total seconds; None with < 2 batches."""
+    if len(tokens) < 2 or min(seconds) <= 0:
+        return None
+    from tadm.metrics.bootstrap import resamples, spread
+
+    idx = resamples(len(tokens), B)
+    return spread(np.asarray(tokens, np.float64)[idx].sum(1) / np.asarray(seconds, np.float64)[idx].sum(1))
+
+
 def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num_samples: int | None = None,
                  dist: runtime.Dist | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Sample one budget T of `run` (module docstring): the tokens (N, L) int64 and the record,
@@ -142,6 +152,9 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
         "sampler": settings.sampler, "policy": policy, "settings": settings.as_dict(), "batch_seeds": seeds,
         "num_samples": n, "seq_len": seq_len, "seconds": seconds,
         "tokens_per_s": tokens.size / seconds if seconds > 0 else None,
+        # per batch, and the bootstrap spread of tokens/s over batches (the machine's noise)
+        "batch_seconds": [b["seconds"] for b in batches],
+        "tokens_per_s_se": _rate_se([len(b["tokens"]) * seq_len for b in batches], [b["seconds"] for b in batches]),
         "counters": c.as_dict(), "refreshes_per_trajectory": refreshes,
         "device": str(d.device), "precision": d.precision, "processes": d.world,
     }

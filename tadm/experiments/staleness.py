@@ -125,6 +125,27 @@ def _compare(model, trajectory: list[tuple[float, Tensor]], cfg: StalenessSettin
     return rows
 
 
+QUANTITIES = ["cosine", "rel_l2", "gate", "correction", "kl_fused", "kl_reused", "recovery"]
+
+
+def summary(df):
+    """One line per cache age: the mean of every quantity over the recorded steps and its
+    standard error over them (``<quantity>_se``)."""
+    g = df.groupby("age")[QUANTITIES]
+    return g.mean().join(g.sem().add_suffix("_se"))
+
+
+def growth(table, age: int | None = None) -> tuple[float, float]:
+    """(KL_fused at `age` / KL_fused at age 1, its first-order standard error) from `summary`;
+    `age` None: the oldest age recorded."""
+    import math
+
+    age = int(table.index.max()) if age is None else age
+    a, b = table.loc[age], table.loc[1]
+    ratio = a.kl_fused / b.kl_fused
+    return float(ratio), float(abs(ratio) * math.sqrt((a.kl_fused_se / a.kl_fused) ** 2 + (b.kl_fused_se / b.kl_fused) ** 2))
+
+
 def figure(df):
     """Four panels from `measure`'s rows (a DataFrame with a "t bin" column): anchor similarity
     and distance, the prediction gap with and without the fusion, and the share it recovers,
@@ -154,4 +175,4 @@ def figure(df):
     return fig
 
 
-__all__ = ["StalenessSettings", "record_trajectory", "measure", "figure"]
+__all__ = ["StalenessSettings", "record_trajectory", "measure", "summary", "growth", "figure", "QUANTITIES"]

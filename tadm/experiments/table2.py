@@ -107,8 +107,11 @@ class Scorer:
         # the evaluator is also the featurizer: one forward pass gives both (gen_ppl_and_features)
         self.joint = e.featurizer == e.evaluator
         from tadm.metrics.features import SMOLLM2
+        from tadm.metrics.trained_evaluator import TRAINED
 
-        self.pooling = "mean" if e.featurizer == SMOLLM2 else "last"  # the featurizer's convention
+        # the featurizer's convention: the mean of a causal LM's final states for the offline
+        # evaluators (order-aware), MAUVE's last-token state for GPT-2 Large and other models
+        self.pooling = "mean" if e.featurizer in (SMOLLM2, TRAINED) else "last"
         self._evaluator = self._featurizer = self._reference = self._reference_features = None
         self.reference_source: str | None = None  # "computed" or "cache", once the reference features are read
 
@@ -130,9 +133,10 @@ class Scorer:
     def evaluator(self):
         if self._evaluator is None:
             from tadm.metrics import load_evaluator
+            from tadm.metrics.trained_evaluator import resolve
 
             e = self.params.eval
-            self._evaluator = load_evaluator(e.evaluator, cache_dir=e.cache_dir, device=self.dist.device,
+            self._evaluator = load_evaluator(resolve(e.evaluator), cache_dir=e.cache_dir, device=self.dist.device,
                                              dtype=self.dtype)
         return self._evaluator
 
@@ -141,9 +145,10 @@ class Scorer:
         """The MAUVE featurizer when it is not the evaluator (None when it is)."""
         if self._featurizer is None and not self.joint:
             from tadm.metrics import load_featurizer
+            from tadm.metrics.trained_evaluator import resolve
 
             e = self.params.eval
-            self._featurizer = load_featurizer(e.featurizer, device=self.dist.device, dtype=self.dtype,
+            self._featurizer = load_featurizer(resolve(e.featurizer), device=self.dist.device, dtype=self.dtype,
                                                batch_size=e.batch_size, cache_dir=e.cache_dir)
         return self._featurizer
 
@@ -250,14 +255,24 @@ class Scorer:
 
     def score_samples(self, tokens: np.ndarray):
         """(metrics, GenPPL) of generated token ids (N, L): MAUVE vs the reference, Gen PPL and
-        mean entropy, and the per-sample Gen PPL values. MAUVE's clustering runs on every process
-        on the same gathered features (deterministic, one thread), so every process returns it."""
-        from tadm.metrics import mauve_score_features, mean_entropy
+        mean entropy, each with its bootstrap uncertainty ``<metric>_se`` over eval.bootstrap
+        resamples (`tadm.metrics.bootstrap`; absent when 0), and the per-sample Gen PPL values.
+        MAUVE's clustering runs on every process on the same gathered features (deterministic,
+        one thread), so every process returns it."""
+        from tadm.metrics import bootstrap, mauve_score_features
+        from tadm.metrics.entropy import sample_entropy
 
         reference = self.reference_features
         ppl, features = self._ppl_and_features(self.texts(tokens))
-        mauve = mauve_score_features(features, reference)
-        return {"mauve": float(mauve), "gen_ppl": float(ppl.ppl), "entropy": float(mean_entropy(tokens))}, ppl
+        entropy = sample_entropy(tokens)
+        metrics = {"mauve": float(mauve_score_features(features, reference)), "gen_ppl": float(ppl.ppl),
+                   "entropy": float(entropy.mean()), "num_samples": len(tokens), "num_references": len(reference)}
+        B = self.params.eval.bootstrap
+        if B:
+            metrics |= {"mauve_se": bootstrap.mauve_se(features, reference, B),
+                        "gen_ppl_se": bootstrap.gen_ppl_se(ppl.nll, ppl.tokens, B),
+                        "entropy_se": bootstrap.mean_se(entropy, B), "bootstrap": B}
+        return metrics, ppl
 
     def score(self, tokens: np.ndarray) -> dict[str, float]:
         """MAUVE vs the reference, Gen PPL and mean entropy of generated token ids (N, L)."""
@@ -338,7 +353,7 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
             "layer_calls": counters.get("layer_calls_per_trajectory"),
             "anchor_calls": counters.get("anchor_calls"),
             "flops_per_token": counters.get("flops_per_token"),
-            "tokens_per_s": record.get("tokens_per_s"),
+            "tokens_per_s": record.get("tokens_per_s"), "tokens_per_s_se": record.get("tokens_per_s_se"),
             "refreshes_per_trajectory": record.get("refreshes_per_trajectory"),
             "examples": scorer.texts(tokens[:2]),
         }

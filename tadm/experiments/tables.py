@@ -18,6 +18,8 @@ from tadm.experiments.table2 import ROWS
 from tadm.io import atomic_path, atomic_write_text
 
 METRICS = ["mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"]
+# each metric's bootstrap uncertainty (tadm.metrics.bootstrap), shown as "value ± se" in Markdown
+SE = {"mauve": "mauve_se", "gen_ppl": "gen_ppl_se", "entropy": "entropy_se", "tokens_per_s": "tokens_per_s_se"}
 HEADERS = {"mauve": "MAUVE ↑", "gen_ppl": "Gen PPL ↓", "entropy": "Entropy", "layer_calls": "Compute (layer calls)",
            "tokens_per_s": "Throughput (tok/s)", "compute_vs_mdlm": "Compute vs MDLM"}
 
@@ -37,7 +39,8 @@ def long_frame(results: list[dict]) -> pd.DataFrame:
     for r in results:
         for T, m in r["budgets"].items():
             lines.append({"row": r["row"], "label": r["label"], "T": int(T), "policy": m.get("policy"),
-                          "sampler": m.get("sampler"), **{k: m.get(k) for k in METRICS}})
+                          "sampler": m.get("sampler"), **{k: m.get(k) for k in METRICS},
+                          **{SE[k]: m.get(SE[k]) for k in METRICS if k in SE}})
     return pd.DataFrame(lines)
 
 
@@ -48,7 +51,8 @@ def table2_frame(results: list[dict]) -> pd.DataFrame:
     df["compute_vs_mdlm"] = [lc / mdlm[T] if lc is not None and T in mdlm.index else None
                              for lc, T in zip(df.layer_calls, df["T"])]
     order = [r for r in ROWS if r in set(df.row)] + sorted(set(df.row) - set(ROWS))
-    wide = df.pivot(index="row", columns="T", values=METRICS + ["compute_vs_mdlm"]).reindex(order)
+    wide = df.pivot(index="row", columns="T", values=METRICS + ["compute_vs_mdlm"] + [SE[k] for k in METRICS if k in SE])
+    wide = wide.reindex(order)
     wide.index = [ROWS[r].label if r in ROWS else r for r in wide.index]
     wide.index.name = "Method"
     return wide
@@ -108,9 +112,35 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pm(value, se) -> str:
+    """"value ± se", both to the decimals the uncertainty supports (2 significant digits of se)."""
+    if value is None or pd.isna(value):
+        return "–"
+    if se is None or pd.isna(se):
+        return _fmt(value)
+    import math
+
+    decimals = max(0, 1 - int(math.floor(math.log10(se)))) if se > 0 else 3
+    return f"{value:,.{decimals}f} ± {se:,.{decimals}f}"
+
+
+def with_uncertainty(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with each metric that has an uncertainty column (SE) shown as "value ± se" and the
+    uncertainty columns dropped (columns may be metric names or (metric, T) tuples)."""
+    out = df.copy()
+    for col in df.columns:
+        metric = col[0] if isinstance(col, tuple) else col
+        se_col = ((SE[metric], *col[1:]) if isinstance(col, tuple) else SE[metric]) if metric in SE else None
+        if se_col is not None and se_col in df.columns:
+            out[col] = [_pm(v, e) for v, e in zip(df[col], df[se_col])]
+    return out.drop(columns=[c for c in df.columns if (c[0] if isinstance(c, tuple) else c) in SE.values()])
+
+
 def write_table(df: pd.DataFrame, out: str | Path, name: str, caption: str = "") -> None:
+    """<out>/<name>.md (metrics with their uncertainty as "value ± se") and <name>.csv (every
+    column as a number)."""
     out = Path(out)
-    atomic_write_text(out / f"{name}.md", (f"{caption}\n\n" if caption else "") + to_markdown(df))
+    atomic_write_text(out / f"{name}.md", (f"{caption}\n\n" if caption else "") + to_markdown(with_uncertainty(df)))
     atomic_write_text(out / f"{name}.csv", df.to_csv())
 
 

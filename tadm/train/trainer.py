@@ -170,9 +170,17 @@ class EMA:
 
 
 def learning_rate(step: int, p: Params) -> float:
-    """Linear warm-up to train.lr, then constant (MDLM's schedule)."""
-    warm = p.train.warmup_steps
-    return p.train.lr * min(1.0, (step + 1) / warm) if warm else p.train.lr
+    """Linear warm-up to train.lr, then constant (train.schedule "constant", MDLM's schedule) or
+    a cosine decay to train.min_lr_ratio x train.lr at the last step ("cosine": short runs end
+    lower with it; the default profile's)."""
+    warm, peak = p.train.warmup_steps, p.train.lr
+    if warm and step < warm:
+        return peak * (step + 1) / warm
+    if p.train.schedule == "constant":
+        return peak
+    frac = min(1.0, (step - warm) / max(1, p.train.steps - warm))
+    r = p.train.min_lr_ratio
+    return peak * (r + (1 - r) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 # Source files whose change makes a checkpoint belong to another run (a resumed run must
@@ -201,8 +209,9 @@ def run_settings(name: str, p: Params, data_manifest: Path, method: Method | Non
     """What defines a run's trajectory: the method, the model, the training knobs that change
     the objective, the seed, the data and the code (recorded in every checkpoint)."""
     model_type = method.model_type if method is not None else get_method(name, p).model_type
+    steps_matter = model_type in STEPS_IN_OBJECTIVE or p.train.schedule != "constant"  # a decay ends at train.steps
     train = {k: v for k, v in dataclasses.asdict(p.train).items()
-             if k not in NOT_FINGERPRINTED or (k == "steps" and model_type in STEPS_IN_OBJECTIVE)}
+             if k not in NOT_FINGERPRINTED or (k == "steps" and steps_matter)}
     return {"name": name, "seed": p.seed, "model": dataclasses.asdict(p.model), "train": train,
             "data": sha256_file(data_manifest), "code": code_hash()}
 
@@ -355,6 +364,9 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
             "parameters": sum(t.numel() for t in model.parameters()),
             "val_nelbo_init": init_nelbo, "val_nelbo": evals[-1]["val_nelbo"],
             "val_ppl_bound": evals[-1]["val_ppl_bound"],
+            # the line a model using no context cannot cross, and how far below it this one is
+            "unigram_entropy": valid_data.unigram_entropy(),
+            "below_unigram": valid_data.unigram_entropy() - evals[-1]["val_nelbo"],
             "train_tokens_per_s": sorted(speeds)[len(speeds) // 2] if speeds else None,
         }
         atomic_write_json(paths.metrics.with_suffix(".json"), summary)

@@ -47,3 +47,17 @@ def test_build_writes_shards_that_read_back(tmp_path):
 def test_token_dtype_switches_past_uint16():
     assert packing.token_dtype(65536) == np.uint16
     assert packing.token_dtype(65537) == np.uint32
+
+
+def test_unigram_entropy_is_the_entropy_of_the_token_counts(tmp_path):
+    """Two shards, counts {0: 4, 1: 2, 2: 2} over both: H = -(1/2 ln 1/2 + 2 * 1/4 ln 1/4)."""
+    import math
+
+    import numpy as np
+
+    from tadm.data.packing import PackedTokens
+
+    np.save(tmp_path / "shard_00000.npy", np.array([[0, 1], [0, 2]], dtype=np.uint16))
+    np.save(tmp_path / "shard_00001.npy", np.array([[0, 1], [0, 2]], dtype=np.uint16))
+    h = PackedTokens(tmp_path).unigram_entropy()
+    assert math.isclose(h, -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25)), rel_tol=1e-12)

@@ -123,3 +123,25 @@ def test_two_gloo_processes_follow_the_single_process_trajectory(micro_packed, t
     b = load_file(str(tmp_path / "two/models/tadm/model.safetensors"))
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_learning_rate_schedules_against_their_closed_forms():
+    """Warm-up then constant (MDLM), or warm-up then cosine to min_lr_ratio x lr at the last
+    step; a cosine run's train.steps is part of its fingerprint (the decay ends there)."""
+    import math
+    from pathlib import Path
+
+    from tadm import config
+    from tadm.train.trainer import learning_rate, run_settings
+
+    p = config.override(config.load(config.PROFILES_DIR / "default.yaml"),
+                        {"train.lr": 1e-3, "train.warmup_steps": 10, "train.steps": 110, "train.min_lr_ratio": 0.1})
+    const = config.override(p, {"train.schedule": "constant"})
+    cos = config.override(p, {"train.schedule": "cosine"})
+    assert learning_rate(4, const) == learning_rate(4, cos) == 1e-3 * 5 / 10
+    assert learning_rate(60, const) == 1e-3
+    assert math.isclose(learning_rate(10, cos), 1e-3)
+    assert math.isclose(learning_rate(60, cos), 1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))))
+    assert math.isclose(learning_rate(110, cos), 1e-4)
+    assert "steps" in run_settings("mdlm", cos, Path(__file__))["train"]
+    assert "steps" not in run_settings("mdlm", const, Path(__file__))["train"]

@@ -1,0 +1,57 @@
+"""Uncertainty of the quality metrics: bootstrap over samples.
+
+Every quality cell of a table (MAUVE, Gen PPL, entropy) is a statistic of N generated samples
+(and, for MAUVE, of the reference set too). Its uncertainty is the standard deviation of the
+statistic over `B` bootstrap resamples: the N samples are drawn with replacement (the reference
+set too, independently, for MAUVE), the statistic is recomputed, and the spread of the B values
+is reported as ``<metric>_se``. The resamples come from one seeded generator, so the same inputs
+give the same uncertainties.
+
+- Gen PPL: exp(sum of the resampled samples' NLL / sum of their scored tokens), the corpus-level
+  definition of `tadm.metrics.gen_ppl`;
+- entropy: the mean of the resampled per-sample entropies;
+- MAUVE: `mauve_score_features` of the resampled features (its clustering seed fixed, as for
+  the point estimate), so the spread covers both finite sample sets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SEED = 0xB007
+
+
+def resamples(n: int, B: int, seed: int = SEED) -> np.ndarray:
+    """(B, n) indices, each row n draws with replacement from range(n)."""
+    if n < 1 or B < 1:
+        raise ValueError(f"resamples: need n >= 1 and B >= 1, got n={n}, B={B}")
+    return np.random.default_rng(seed).integers(0, n, size=(B, n))
+
+
+def spread(values) -> float:
+    """Standard deviation (ddof 1) of bootstrap values; nan with fewer than 2."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.std(ddof=1)) if len(v) > 1 else float("nan")
+
+
+def gen_ppl_se(nll: np.ndarray, tokens: np.ndarray, B: int, seed: int = SEED) -> float:
+    nll, tokens = np.asarray(nll, np.float64), np.asarray(tokens, np.float64)
+    idx = resamples(len(nll), B, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return spread(np.exp(nll[idx].sum(1) / tokens[idx].sum(1)))
+
+
+def mean_se(values: np.ndarray, B: int, seed: int = SEED) -> float:
+    values = np.asarray(values, np.float64)
+    return spread(values[resamples(len(values), B, seed)].mean(1))
+
+
+def mauve_se(p_features: np.ndarray, q_features: np.ndarray, B: int, seed: int = SEED) -> float:
+    from tadm.metrics.mauve import mauve_score_features
+
+    ip, iq = resamples(len(p_features), B, seed), resamples(len(q_features), B, seed + 1)
+    return spread([mauve_score_features(p_features[a], q_features[b]) for a, b in zip(ip, iq)])
+
+
+__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se"]

@@ -1,0 +1,185 @@
+"""The default profile's judge: a small GPT-2 trained here, used for Gen PPL and MAUVE features.
+
+Scoring thousands of samples with SmolLM2-135M costs more CPU time than the rest of Table 2,
+and no hub evaluator (GPT-2 Large) is reachable offline. The `evaluator` stage therefore trains
+one causal LM on the training split of the packed corpus -- transformers' ``GPT2LMHeadModel``,
+so it loads through the same ``AutoModelForCausalLM`` path as GPT-2 Large, with the project
+tokenizer saved beside it -- and every sampling stage, the sweep and the Data row share it
+(``eval.evaluator: trained``, ``eval.featurizer: trained``: Gen PPL and the mean of its final
+states as MAUVE features, one forward pass for both).
+
+A judge must tell text from non-text. After training the stage measures, on held-out text only,
+the checks the SmolLM2 evaluator passes in the test suite, and writes them with the validation
+NLL to ``metrics/evaluator.json``:
+
+    mauve_data_data      MAUVE(held-out texts, other held-out texts)       should be >= 0.9
+    mauve_data_shuffled  MAUVE(held-out texts, their word-shuffled copies) should be <= 0.1
+    shuffled_ppl_ratio   Gen PPL(word-shuffled) / Gen PPL(held-out)        should be >= 5
+
+The Data row's sets are used (eval.reference_samples references, then sample.num_samples
+texts), so the first check is the Data row's MAUVE. The claims table shows the three values
+with their verdict; nothing is hidden when one fails.
+
+Training resumes from its newest checkpoint (``checkpoints/evaluator``) like every training
+stage, refuses checkpoints of other settings, and writes the model directory atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from tadm import runtime
+from tadm.config import Params
+from tadm.data.packing import PackedTokens
+from tadm.errors import DataError
+from tadm.io import atomic_path, atomic_write_json, sha256_file
+
+TRAINED = "trained"
+MODEL_DIR = Path("models/evaluator")
+CHECKPOINTS = Path("checkpoints/evaluator")
+METRICS = Path("metrics/evaluator.json")
+THRESHOLDS = {"mauve_data_data": (">=", 0.9), "mauve_data_shuffled": ("<=", 0.1), "shuffled_ppl_ratio": (">=", 5.0)}
+
+
+def resolve(name: str) -> str:
+    """An eval.evaluator / eval.featurizer value with "trained" mapped to the model directory."""
+    if name == TRAINED:
+        if not (MODEL_DIR / "config.json").is_file():
+            raise DataError(f"eval evaluator 'trained': {MODEL_DIR} has no model; run the evaluator stage first "
+                            "(dvc repro evaluator)")
+        return str(MODEL_DIR)
+    return name
+
+
+def build(p: Params, vocab: int, seq_len: int, bos_id: int, eos_id: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    c = p.eval.trained
+    cfg = GPT2Config(vocab_size=vocab, n_positions=seq_len, n_embd=c.d_model, n_layer=c.n_layers, n_head=c.n_heads,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=bos_id, eos_token_id=eos_id,
+                     tie_word_embeddings=False)  # untied: checkpoints hold each tensor once (safetensors)
+    return GPT2LMHeadModel(cfg)
+
+
+def learning_rate(step: int, p: Params) -> float:
+    """Linear warm-up, then cosine decay to 10 % of eval.trained.lr at the last step."""
+    c = p.eval.trained
+    if step < c.warmup_steps:
+        return c.lr * (step + 1) / c.warmup_steps
+    frac = (step - c.warmup_steps) / max(1, c.steps - c.warmup_steps)
+    return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+@torch.no_grad()
+def validation_nll(model, data: PackedTokens, count: int, batch: int, device) -> float:
+    """Mean next-token NLL (nats) over the first `count` validation sequences."""
+    model.eval()
+    total, tokens = 0.0, 0
+    for lo in range(0, min(count, len(data)), batch):
+        x = torch.stack([torch.from_numpy(data[i]) for i in range(lo, min(count, len(data), lo + batch))]).to(device)
+        logits = model(input_ids=x).logits[:, :-1].float()
+        total += float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="sum"))
+        tokens += x[:, 1:].numel()
+    model.train()
+    return total / tokens
+
+
+def word_shuffled(texts: list[str], seed: int) -> list[str]:
+    """Each text's whitespace-separated words in a random order (seeded per text)."""
+    out = []
+    for i, t in enumerate(texts):
+        words = t.split()
+        random.Random(seed * 1_000_003 + i).shuffle(words)
+        out.append(" ".join(words))
+    return out
+
+
+def train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool = False, log=print) -> dict:
+    """Train the evaluator (resuming), save it to models/evaluator, measure its sanity checks."""
+    from tadm.data.tokenizer import load_tokenizer
+    from tadm.train import checkpoint
+    from tadm.train.trainer import GlobalBatches, _seed, adamw, resume_state
+
+    d = runtime.setup(p.runtime)
+    manifest = data_dir / "manifest.json"
+    if not manifest.is_file():
+        raise DataError(f"{manifest} is missing: run the data stages first (dvc repro pack)")
+    meta = json.loads(manifest.read_text())["counts"]
+    tokenizer = load_tokenizer(tokenizer_dir)
+    train_data, valid = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
+    c = p.eval.trained
+    torch.manual_seed(_seed(p.seed, 0xE7A1))
+    with torch.device(d.device):
+        model = build(p, meta["vocab_size"], meta["seq_len"], meta["bos_id"], meta["eos_id"])
+    names = [n for n, _ in model.named_parameters()]
+    opt = adamw(model.parameters(), d.device, lr=c.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
+    settings = {"name": "evaluator", "seed": p.seed, "trained": dataclasses.asdict(c), "data": sha256_file(manifest)}
+    state = resume_state(CHECKPOINTS, names, settings, steps=c.steps, steps_key="eval.trained.steps", restart=restart,
+                         hint="`python -m tadm evaluator --restart`", d=d, log=log)
+    start = 0
+    if state is not None:
+        model.load_state_dict(state.model)
+        checkpoint.restore_optimizer(opt, state.optimizer)
+        start = state.step
+        log(f"[evaluator] resumed from step {start}")
+    batches = GlobalBatches(len(train_data), c.batch_size, p.seed + 1)
+    fp = checkpoint.fingerprint(settings)
+    model.train()
+    for step in tqdm(range(start, c.steps), initial=start, total=c.steps, desc="train[evaluator]", unit="step"):
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, p)
+        x = torch.stack([torch.from_numpy(train_data[i]) for i in batches.indices(step)]).to(d.device)
+        logits = model(input_ids=x).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), x[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done = step + 1
+        if done % c.checkpoint_every == 0 or done == c.steps:
+            sd = model.state_dict()  # no EMA: the live weights fill both slots of the checkpoint layout
+            checkpoint.save(CHECKPOINTS, checkpoint.TrainState(done, sd, sd, opt.state_dict(),
+                                                               {"fingerprint": fp, "settings": settings}),
+                            names, keep=1 if done == c.steps else 2)
+    model.eval()
+    with atomic_path(MODEL_DIR) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+    nll = validation_nll(model, valid, p.eval.reference_samples + p.sample.num_samples, c.batch_size, d.device)
+    out = {"run": "evaluator", "steps": c.steps, "parameters": sum(t.numel() for t in model.parameters()),
+           "val_nll": nll, "val_ppl": math.exp(nll), "unigram_entropy": valid.unigram_entropy(),
+           **sanity(p, tokenizer, data_dir, d)}
+    atomic_write_json(METRICS, out)
+    return out
+
+
+def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
+    """The three checks of the module docstring on the Data row's held-out sets."""
+    from tadm.experiments.table2 import Scorer
+
+    scorer = Scorer(dataclasses.replace(p, eval=dataclasses.replace(p.eval, evaluator=TRAINED, featurizer=TRAINED)),
+                    tokenizer, data_dir, dist=d)
+    data_texts = scorer.texts(scorer.data_tokens())
+    from tadm.metrics import mauve_score_features
+
+    ref = scorer.reference_features
+    real_ppl, real_features = scorer._ppl_and_features(data_texts)
+    shuf_ppl, shuf_features = scorer._ppl_and_features(word_shuffled(data_texts, p.seed))
+    checks = {"mauve_data_data": mauve_score_features(real_features, ref),
+              "mauve_data_shuffled": mauve_score_features(shuf_features, ref),
+              "shuffled_ppl_ratio": shuf_ppl.ppl / real_ppl.ppl, "gen_ppl_data": real_ppl.ppl,
+              "gen_ppl_shuffled": shuf_ppl.ppl}
+    passed = {k: (checks[k] >= v if op == ">=" else checks[k] <= v) for k, (op, v) in THRESHOLDS.items()}
+    return {"sanity": checks, "sanity_thresholds": {k: f"{op} {v}" for k, (op, v) in THRESHOLDS.items()},
+            "sanity_passed": passed, "sanity_all_passed": all(passed.values())}
+
+
+__all__ = ["TRAINED", "MODEL_DIR", "resolve", "build", "train", "sanity", "word_shuffled", "validation_nll"]

@@ -1,0 +1,101 @@
+"""How long each pipeline stage took and how much memory it used, written by the pipeline.
+
+Every ``dvc.yaml`` stage runs its command through ``python -m tadm.stage_times run NAME -- CMD``:
+the command runs as a child process (its exit code is passed on unchanged), and on success
+``metrics/stage_times/NAME.json`` records its wall time and the peak resident memory of the
+largest process it started (``getrusage(RUSAGE_CHILDREN).ru_maxrss``: children and their
+descendants once they have been waited for -- papermill's kernel included). A stage DVC does not
+rerun keeps the record of the run that made its outputs.
+
+``python -m tadm.stage_times collect`` (the last stage) gathers the records into
+``metrics/stage_times.json`` and the Markdown table ``paper_figures/stage_times.md`` that the
+README shows: seconds per stage, their sum, and the largest peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tadm.io import atomic_write_json, atomic_write_text
+
+RECORDS = Path("metrics/stage_times")
+SUMMARY = Path("metrics/stage_times.json")
+TABLE = Path("paper_figures/stage_times.md")
+
+
+def run(name: str, command: list[str], records: Path = RECORDS) -> int:
+    """Run `command`; on exit code 0 write <records>/<name>.json. Returns the exit code."""
+    if not command:
+        raise SystemExit("stage_times run: no command given after --")
+    start, wall = time.time(), time.perf_counter()
+    proc = subprocess.run(command)
+    seconds = time.perf_counter() - wall
+    if proc.returncode == 0:
+        peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+        atomic_write_json(records / f"{name}.json", {
+            "stage": name, "seconds": round(seconds, 2), "peak_rss_mib": round(peak_kib / 1024, 1),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)),
+            "cpus": os.cpu_count(), "machine": platform.machine(), "command": " ".join(command),
+        })
+    return proc.returncode
+
+
+def collect(names: list[str], records: Path = RECORDS, summary: Path = SUMMARY, table: Path = TABLE) -> dict:
+    """Gather the records of `names` (every stage, in pipeline order) into one JSON and a table."""
+    missing = [n for n in names if not (records / f"{n}.json").is_file()]
+    if missing:
+        from tadm.errors import DataError
+
+        raise DataError(f"{records}: no time record for stage(s) {', '.join(missing)}: run them through "
+                        "`python -m tadm.stage_times run NAME -- ...` (dvc.yaml does)")
+    rows = [json.loads((records / f"{n}.json").read_text()) for n in names]
+    total = sum(r["seconds"] for r in rows)
+    peak = max(r["peak_rss_mib"] for r in rows)
+    out = {"stages": {r["stage"]: {"seconds": r["seconds"], "peak_rss_mib": r["peak_rss_mib"], "started": r["started"]}
+                      for r in rows},
+           "total_seconds": round(total, 1), "total_minutes": round(total / 60, 1), "max_peak_rss_mib": peak,
+           "cpus": rows[0]["cpus"]}
+    atomic_write_json(summary, out)
+    lines = ["# Pipeline stage times", "",
+             f"Wall time and peak resident memory of every stage of the last `dvc repro` that ran it "
+             f"({rows[0]['cpus']} CPUs). Written by `python -m tadm.stage_times collect`.", "",
+             "| stage | seconds | minutes | peak RSS (MiB) |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['stage']} | {r['seconds']:.0f} | {r['seconds'] / 60:.1f} | {r['peak_rss_mib']:.0f} |" for r in rows]
+    lines += [f"| **total** | **{total:.0f}** | **{total / 60:.1f}** | **{peak:.0f}** (max) |", ""]
+    atomic_write_text(table, "\n".join(lines))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tadm.stage_times", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run one stage's command and record its time and peak memory")
+    r.add_argument("name")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the stage's command")
+    c = sub.add_parser("collect", help="gather every stage's record into metrics/stage_times.json")
+    c.add_argument("names", nargs="+", help="the stages, in pipeline order")
+    args = ap.parse_args(argv)
+    if args.command == "run":
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        return run(args.name, cmd)
+    from tadm.errors import TadmError
+
+    try:
+        out = collect(args.names)
+    except TadmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(f"{len(out['stages'])} stages, {out['total_minutes']} min, peak RSS {out['max_peak_rss_mib']:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Table formatting: every quality cell with an uncertainty column is shown as "value ± se" in
+Markdown (decimals set by the uncertainty), the CSV keeps both as numbers."""
+
+import pandas as pd
+
+from tadm.experiments import tables
+
+
+def test_markdown_cells_carry_their_uncertainty_and_csv_keeps_numbers(tmp_path):
+    results = [{"row": "mdlm", "label": "MDLM", "budgets": {"64": {
+        "mauve": 0.6512, "mauve_se": 0.0213, "gen_ppl": 81.234, "gen_ppl_se": 2.5, "entropy": 4.01, "entropy_se": None,
+        "layer_calls": 256, "tokens_per_s": 1000.0, "tokens_per_s_se": 12.0, "policy": None, "sampler": "mdlm"}}}]
+    wide = tables.table2_frame(results)
+    shown = tables.with_uncertainty(wide)
+    assert shown.loc["MDLM", ("mauve", 64)] == "0.651 ± 0.021"
+    assert shown.loc["MDLM", ("gen_ppl", 64)] == "81.2 ± 2.5"
+    assert shown.loc["MDLM", ("entropy", 64)] == "4.010"  # no uncertainty: the number alone
+    assert ("mauve_se", 64) not in shown.columns
+    tables.write_table(wide, tmp_path, "t2")
+    assert "0.651 ± 0.021" in (tmp_path / "t2.md").read_text()
+    csv = pd.read_csv(tmp_path / "t2.csv", header=[0, 1], index_col=0)
+    assert csv.loc["MDLM", ("mauve_se", "64")] == 0.0213

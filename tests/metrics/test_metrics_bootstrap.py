@@ -1,0 +1,37 @@
+"""Bootstrap uncertainties of the quality metrics: zero for identical samples, shrinking as
+1/sqrt(n), close to the closed-form standard error of a mean, and deterministic."""
+
+import numpy as np
+
+from tadm.metrics import bootstrap
+
+
+def test_identical_samples_have_no_spread():
+    assert bootstrap.mean_se(np.full(50, 3.1), B=50) < 1e-12
+    assert bootstrap.gen_ppl_se(np.full(50, 20.3), np.full(50, 10), B=50) < 1e-9
+
+
+def test_mean_se_matches_the_closed_form_and_shrinks_with_n():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=400)
+    se = bootstrap.mean_se(x, B=2000)
+    assert abs(se - x.std(ddof=1) / np.sqrt(len(x))) < 0.1 * se
+    assert bootstrap.mean_se(x[:100], B=2000) > 1.6 * se  # 4x fewer samples: about 2x the spread
+
+
+def test_gen_ppl_se_is_deterministic_and_follows_the_corpus_level_definition():
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(10, 60, size=256)
+    nll = tokens * rng.normal(4.0, 0.5, size=256)
+    a, b = bootstrap.gen_ppl_se(nll, tokens, B=100), bootstrap.gen_ppl_se(nll, tokens, B=100)
+    assert a == b and a > 0
+    ppl = np.exp(nll.sum() / tokens.sum())
+    assert a < 0.2 * ppl  # a spread, not a scale error
+
+
+def test_mauve_se_is_small_for_one_distribution_and_deterministic():
+    rng = np.random.default_rng(3)
+    p, q = rng.normal(size=(120, 8)).astype(np.float32), rng.normal(size=(120, 8)).astype(np.float32)
+    a = bootstrap.mauve_se(p, q, B=8)
+    assert a == bootstrap.mauve_se(p, q, B=8)
+    assert 0 <= a < 0.2

@@ -1,0 +1,42 @@
+"""The pipeline's stage timer: a wrapped command's exit code passes through, a successful one
+leaves a record (wall time, peak RSS of its processes), and `collect` builds the table."""
+
+import json
+import sys
+
+import pytest
+
+from tadm import stage_times
+from tadm.errors import DataError
+
+
+def test_run_records_time_and_peak_memory_and_passes_the_exit_code(tmp_path):
+    # a child that holds ~64 MiB for a moment: the peak RSS must see it
+    code = "import time; b = bytearray(64 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.2)"
+    assert stage_times.run("big", [sys.executable, "-c", code], records=tmp_path) == 0
+    rec = json.loads((tmp_path / "big.json").read_text())
+    assert rec["stage"] == "big" and rec["seconds"] >= 0.2
+    assert rec["peak_rss_mib"] >= 64
+
+    assert stage_times.run("fails", [sys.executable, "-c", "raise SystemExit(3)"], records=tmp_path) == 3
+    assert not (tmp_path / "fails.json").exists()  # no record for a failed stage
+
+
+def test_collect_writes_the_summary_and_the_table(tmp_path):
+    for name, secs in (("a", 1.0), ("b", 120.0)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"stage": name, "seconds": secs, "peak_rss_mib": 100.0 * secs, "started": "t", "cpus": 2}))
+    out = stage_times.collect(["a", "b"], records=tmp_path, summary=tmp_path / "s.json", table=tmp_path / "t.md")
+    assert out["total_seconds"] == 121.0 and out["max_peak_rss_mib"] == 12000.0
+    assert list(out["stages"]) == ["a", "b"]
+    table = (tmp_path / "t.md").read_text()
+    assert "| b | 120 | 2.0 | 12000 |" in table and "**121**" in table
+    with pytest.raises(DataError, match="no time record for stage.*missing"):
+        stage_times.collect(["a", "missing"], records=tmp_path, summary=tmp_path / "s.json", table=tmp_path / "t.md")
+
+
+def test_the_cli_runs_the_command_after_the_separator(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # records go to metrics/stage_times/ under the working directory
+    assert stage_times.main(["run", "x", "--", sys.executable, "-c", "pass"]) == 0
+    assert json.loads((tmp_path / "metrics/stage_times/x.json").read_text())["stage"] == "x"
+    assert stage_times.main(["run", "y", "--", sys.executable, "-c", "raise SystemExit(5)"]) == 5

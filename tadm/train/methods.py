@@ -34,7 +34,10 @@ from tadm.models import build_model
 from tadm.schedule import LogLinearSchedule
 
 EPS = 1e-3  # MDLM's schedule / time-sampling epsilon
-ADLM_RAMP = 0.2  # ADLM's anchor weight ramps linearly to gamma over this fraction of training
+# ADLM's anchor weight as released (LituRout/ADLM, adlm_diffusion.py: gamma = min(3e-3,
+# global_step / max_steps * 1.0)): it grows as the fraction of training done and is capped at
+# train.gamma, so it reaches 3e-3 after 0.3 % of the steps
+ADLM_RAMP_SLOPE = 1.0
 
 
 class Method:
@@ -79,7 +82,7 @@ class ADLMMethod(Method):
 
     def loss(self, model, x, gen, progress=1.0):
         nelbo, anchor_logits, z_t, t = self._terms(model, x, gen)
-        gamma = self.p.train.gamma * min(1.0, progress / ADLM_RAMP)
+        gamma = min(self.p.train.gamma, ADLM_RAMP_SLOPE * progress)
         anchor_ce = adlm_anchor_readout(z_t, x, self.mask_id)(anchor_logits)
         return nelbo + gamma * nelbo_from_rows(anchor_ce, t, self.schedule)
 

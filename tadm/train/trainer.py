@@ -200,7 +200,7 @@ def code_hash() -> str:
 # changes the trajectory; the runtime section -- device, precision of inference, tf32, nproc,
 # compile -- is not part of a run's identity at all.)
 NOT_FINGERPRINTED = ("models", "steps", "log_every", "eval_every", "eval_sequences", "checkpoint_every")
-# ADLM's anchor weight ramps over the first ADLM_RAMP of train.steps (methods.py: progress =
+# ADLM's anchor weight ramps with the fraction of train.steps done (methods.py: progress =
 # step / train.steps), so for it train.steps is part of the objective
 STEPS_IN_OBJECTIVE = ("adlm",)
 

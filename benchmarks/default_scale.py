@@ -41,8 +41,9 @@ SETTINGS: dict[str, tuple[dict, str]] = {
     "v512_lr3e-3": ({"tokenizer.vocab_size": 512, "train.global_batch": 64, "train.micro_batch": 64, "train.steps": 600,
                      "train.lr": 3e-3}, "mdlm"),
     "v300": ({"train.steps": 1000}, "mdlm"),
-    "v300_800": ({}, "mdlm"),
-    "v300_tadm": ({}, "tadm"),
+    "v300_800": ({"train.steps": 800}, "mdlm"),
+    "v300_tadm": ({"train.steps": 800}, "tadm"),
+    "v300_adlm": ({}, "adlm"),
 }
 
 

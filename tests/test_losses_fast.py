@@ -227,11 +227,11 @@ def test_training_runs_the_head_on_the_masked_rows_only(monkeypatch, run):
         assert all(len(s) == 2 and s[0] <= 7 and s[1] == V + 1 for s in shapes), (name, shapes)
         assert sum(s[0] for s in shapes) == rows[name] < B * L
     # nothing vocabulary-wide is kept for backward (checkpointed chunks keep only their inputs),
-    # except ADLM's anchor logits, which its denoiser reads at every position
+    # except ADLM's anchor logits, which its denoiser reads at every position (raw, as released)
     wide = [s for s in saved if s[-1] in (V, V + 1)]
     if run == "adlm":
-        assert (B, L, V + 1) in wide  # the model's own: softmax(anchor logits) feeds the denoiser
-        own = {(B, L, V + 1), (B * L, V + 1), (32, V + 1)}  # + denoiser_in's input and weight
+        assert (B * L, V + 1) in wide  # the model's own: the anchor logits feed denoiser_in
+        own = {(B * L, V + 1), (32, V + 1)}  # denoiser_in's input (the logits) and its weight
         assert all(s in own or (len(s) == 2 and s[0] <= 7 and s[1] == V + 1) for s in wide), wide
     else:
         assert wide == [], wide

@@ -46,7 +46,7 @@ def _packed(root, vocab: int, seq_len: int):
 def test_training_step_and_resume(tmp_path, meta_default, run):
     from tadm.train.trainer import train
 
-    p = _params(**{"train.steps": 1, "train.global_batch": 4, "train.micro_batch": 2, "train.eval_sequences": 2,
+    p = _params(**{"train.steps": 1, "train.schedule": "constant", "train.global_batch": 4, "train.micro_batch": 2, "train.eval_sequences": 2,
                    "train.checkpoint_every": 1, "train.log_every": 1, "train.eval_every": 1})
     data = _packed(tmp_path, p.tokenizer.vocab_size, p.packing.seq_len)
     first = train(run, p, data_dir=data, root=tmp_path, log=lambda *_: None)

@@ -16,7 +16,10 @@ QUIET = {"log": lambda *_: None}
 
 
 def _params(**kw) -> config.Params:
-    return config.from_dict(micro_raw(**{"train.checkpoint_every": 2, "train.eval_every": 100, **kw}))
+    """Micro settings with the constant (MDLM, paper-profile) lr schedule: there a run's length is
+    not part of its objective, so extending it resumes."""
+    return config.from_dict(micro_raw(**{"train.checkpoint_every": 2, "train.eval_every": 100,
+                                         "train.schedule": "constant", **kw}))
 
 
 def _weights(root, run="tadm") -> dict:
@@ -62,14 +65,13 @@ def test_log_eval_checkpoint_cadence_and_runtime_are_not_part_of_a_run():
     assert run_settings("tadm", other, manifest) == base
     # what changes the objective does
     for key, value in (("train.lr", 1e-4), ("train.precision", "fp32" if _params().train.precision == "bf16" else "bf16"), ("train.gamma", 0.5), ("seed", 3)):
-        raw = micro_raw()
-        if "." in key:
-            raw[key.split(".")[0]][key.split(".")[1]] = value
-        else:
-            raw[key] = value
-        assert run_settings("tadm", config.from_dict(raw), manifest) != base, key
+        assert run_settings("tadm", config.override(_params(), {key: value}), manifest) != base, key
     # ADLM ramps its anchor weight over a fraction of train.steps: there the steps are the objective
     assert run_settings("adlm", _params(**{"train.steps": 9}), manifest) != run_settings("adlm", _params(), manifest)
+    # a cosine lr decays to its floor at train.steps: there too the steps are the objective
+    cosine = {"train.schedule": "cosine"}
+    assert run_settings("tadm", _params(**cosine, **{"train.steps": 9}), manifest) != \
+        run_settings("tadm", _params(**cosine), manifest)
 
 
 def test_a_changed_learning_rate_is_refused_naming_it_and_the_checkpoints_are_kept(micro_packed, tmp_path):

@@ -296,24 +296,31 @@ def adlm_anchor_loss(
     max_count: int = 5,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """ADLM's anchor loss (fresh anchor, t' = t), per sequence (B,):
+    """ADLM's anchor loss (fresh anchor, t' = t), per sequence (B,), as released:
 
-        sum_l [z_t^l = m and x^l important] * lambda_t * log <y_A^l(z_t), x^l>,
+        sum_l [x^l important] * lambda_t * log softmax(y_A^l(z_t))[x^l],
 
-    important = occurs at most `max_count` times in its sequence (ADLM).
+    important = occurs at most `max_count` times in its sequence. Released code (LituRout/ADLM,
+    `adlm_diffusion.py`, `_forward_pass_diffusion`): the anchor term is added to log p_theta at
+    every position under `anchor_mask` (masked *and* unmasked: the visible anchors are
+    supervised too), the anchor's raw output normalised over the whole row (the mask column
+    included: no SUBS), and the sum weighted by the same dsigma / expm1(sigma) = lambda_t as
+    the NELBO. `z_t` is unused (kept so that the call matches the other per-draw losses).
     """
-    log_probs = _log_softmax_without_mask(anchor_logits, mask_id, dtype)
+    del z_t
+    log_probs = torch.log_softmax(anchor_logits.to(dtype), dim=-1)
     log_p = _log_prob_of(log_probs, x)
-    selected = (z_t == mask_id) & important_token_mask(x, max_count, log_probs.shape[-1])
+    selected = important_token_mask(x, max_count, log_probs.shape[-1])
     return _weighted_masked_sum(log_p, _nelbo_weight(schedule, t, dtype), selected)
 
 
 def adlm_anchor_readout(z_t: Tensor, x: Tensor, mask_id: int, max_count: int = 5,
                         dtype: torch.dtype = torch.float32) -> Readout:
-    """`adlm_anchor_loss`'s rows (masked in z_t and x^l important) as a readout of the anchor
-    logits (head None); weight the sum with :func:`nelbo_from_rows` at t."""
-    rows = (z_t == mask_id) & important_token_mask(x, max_count, mask_id + 1)
-    return Readout(rows, x, functools.partial(_subs_cross_entropy, mask_id=mask_id, dtype=dtype), mask_id + 1)
+    """`adlm_anchor_loss`'s rows (every position whose token x^l is important, plain
+    cross-entropy over the whole row) as a readout of the anchor logits (head None); weight
+    the sum with :func:`nelbo_from_rows` at t. `z_t` is unused (see `adlm_anchor_loss`)."""
+    rows = important_token_mask(x, max_count, mask_id + 1)
+    return Readout(rows, x, functools.partial(_ar_cross_entropy, dtype=dtype), mask_id + 1)
 
 
 # --------------------------------------------------------------------------- SEDD

@@ -245,16 +245,23 @@ def test_important_token_mask_hand_made():
     assert torch.equal(important_token_mask(x, 5, vocab_size=V), imp)
 
 
-def test_adlm_anchor_loss_selects_masked_important_tokens():
+def test_adlm_anchor_loss_covers_every_important_position_with_a_plain_cross_entropy():
+    """As released (LituRout/ADLM adlm_diffusion.py): every position whose token is important,
+    masked or not, the anchor's row normalised with its mask column, weighted by lambda_t."""
     g = _gen(8)
     x = torch.tensor([[1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 3]] * 2)
     z_t = torch.where(torch.rand(x.shape, generator=g) < 0.5, x, MASK)
     t = torch.tensor([0.3, 0.8])
     logits = torch.randn(2, 12, V + 1, generator=g)
     loss = adlm_anchor_loss(logits, x, z_t, t, SCHED, MASK)
-    ce = F.cross_entropy(logits[..., :V].reshape(-1, V), x.reshape(-1), reduction="none")
-    sel = (z_t == MASK) & (x != 1)
+    ce = F.cross_entropy(logits.reshape(-1, V + 1), x.reshape(-1), reduction="none")
+    sel = x != 1  # 1 occurs six times in each row: not an anchor; 2 (five times) and 3 are
     torch.testing.assert_close(loss, (ce.view(2, 12) * sel).sum(-1) / t)
+    # the unmasked positions count: the loss does not depend on z_t
+    torch.testing.assert_close(adlm_anchor_loss(logits, x, torch.full_like(x, MASK), t, SCHED, MASK), loss)
+    # the old choice (masked rows only, SUBS normalisation) differs
+    subs = F.cross_entropy(logits[..., :V].reshape(-1, V), x.reshape(-1), reduction="none").view(2, 12)
+    assert not torch.allclose(loss, (subs * ((z_t == MASK) & sel)).sum(-1) / t)
 
 
 # --------------------------------------------------------------------------- AR

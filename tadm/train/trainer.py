@@ -359,14 +359,14 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
         model.load_state_dict(ema.state_dict(model))
         model.save_pretrained(paths.model)
         speeds = [r["tokens_per_s"] for r in history[1:]] or [r["tokens_per_s"] for r in history]
+        unigram = valid_data.unigram_entropy()
         summary = {
             "run": name, "model_type": method.model_type, "steps": p.train.steps,
             "parameters": sum(t.numel() for t in model.parameters()),
             "val_nelbo_init": init_nelbo, "val_nelbo": evals[-1]["val_nelbo"],
             "val_ppl_bound": evals[-1]["val_ppl_bound"],
             # the line a model using no context cannot cross, and how far below it this one is
-            "unigram_entropy": valid_data.unigram_entropy(),
-            "below_unigram": valid_data.unigram_entropy() - evals[-1]["val_nelbo"],
+            "unigram_entropy": unigram, "below_unigram": unigram - evals[-1]["val_nelbo"],
             "train_tokens_per_s": sorted(speeds)[len(speeds) // 2] if speeds else None,
         }
         atomic_write_json(paths.metrics.with_suffix(".json"), summary)

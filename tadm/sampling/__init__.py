@@ -15,7 +15,7 @@ from tadm.sampling.base import SAMPLER_NAMES, SampleResult, SamplerSettings, Ste
 from tadm.sampling.counters import ComputeCounter, instrument
 from tadm.sampling.mdlm import MDLMSampler, mdlm_posterior
 from tadm.sampling.remdm import LoopSchedule, ReMDMSampler, remdm_posterior, sigma_max
-from tadm.sampling.correctors import CorrectorSampler, dfm_posterior, fb_posterior, fb_remask_prob
+from tadm.sampling.correctors import CorrectorSampler, dfm_grid, dfm_posterior, dfm_rates, fb_posterior, fb_rates
 from tadm.sampling.sedd import SEDDAnalyticSampler, sedd_analytic_posterior
 from tadm.sampling.ar import ARSettings, next_token_probs, sample_ar
 
@@ -26,6 +26,6 @@ __all__ = [
     "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "StepInfo", "Transition", "sample",
     "ComputeCounter", "instrument",
     "MDLMSampler", "mdlm_posterior", "ReMDMSampler", "LoopSchedule", "remdm_posterior", "sigma_max",
-    "SEDDAdapter", "CorrectorSampler", "fb_posterior", "dfm_posterior", "fb_remask_prob",
+    "SEDDAdapter", "CorrectorSampler", "fb_posterior", "dfm_posterior", "fb_rates", "dfm_rates", "dfm_grid",
     "SEDDAnalyticSampler", "sedd_analytic_posterior", "ARSettings", "sample_ar", "next_token_probs",
 ]

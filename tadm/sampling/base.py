@@ -393,6 +393,12 @@ class Sampler(abc.ABC):
             self._deferred = []
         return out
 
+    def grid(self, steps: int) -> list[tuple[float, float]]:
+        """The [(t, s)] steps of one block given its share of the budget (`time_grid`: T even
+        steps; DFM has its own, longer grid, `tadm.sampling.correctors.dfm_grid`). The last
+        step must have s = 0."""
+        return time_grid(steps)
+
     @abc.abstractmethod
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         """The step's rates (`Transition`, via `factored`); identity outside `active`."""
@@ -495,7 +501,7 @@ def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch:
     blocks = block_ranges(seq_len, cfg.block_size)
     if cfg.steps % len(blocks):
         raise ValueError(f"steps ({cfg.steps}) must divide evenly over {len(blocks)} blocks of {cfg.block_size}")
-    grid = time_grid(cfg.steps // len(blocks))
+    grid = sampler.grid(cfg.steps // len(blocks))
     sampler.prepare([t for t, _ in grid] + [s for _, s in grid])
     z = torch.full((batch, seq_len), mask_id, dtype=torch.long, device=device)
     adapter.start(cfg.steps)

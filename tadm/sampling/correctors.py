@@ -1,44 +1,52 @@
-"""Predictor-corrector samplers for MDLM: forward-backward (FB) and DFM correctors.
+"""Predictor-corrector samplers for MDLM, as ReMDM's code releases them: forward-backward (FB)
+and DFM (REFERENCE §2, "Also in ReMDM's code").
 
-ReMDM's code ships both as extra baselines (REFERENCE §2, "Also in ReMDM's code"); its source is
-not available here, so what follows is this repo's own derivation, fused into the one-network-
-call-per-step loop of `tadm.sampling.base` (T steps = T network calls, as every other sampler,
-so compute columns stay comparable). Notation: s < t, u = (alpha_s - alpha_t) / (1 - alpha_t)
-(MDLM's unmask probability), k = (1 - alpha_s) / (1 - alpha_t) = 1 - u, eta = the corrector
-rate (`SamplerSettings.eta`), x_theta = x_theta(z_t).
+Source: kuleshov-group/remdm, `diffusion.py` -- `_ddpm_caching_update` with
+`sampling.sampler=forward-backward` (scripts/fb.sh) and `_dfm_caching_update` with
+`sampling.dfm=true` (scripts/dfm.sh). Read there, written here. Notation: one step t -> s
+(s < t), alpha from the log-linear schedule, u = (alpha_s - alpha_t) / (1 - alpha_t) (MDLM's
+unmask probability), x_theta = x_theta(z_t). Both are ReMDM-form posteriors with a remasking
+probability sigma for decoded tokens; they differ in sigma and in the time grid.
 
-Predictor: MDLM's ancestral step t -> s (`mdlm_posterior`).
+FB ("mdlm-fb"): sigma = (alpha_s - alpha_t) / alpha_t (1 where alpha_t = 0): a decoded token is
+re-masked with the probability the forward process s -> t would mask it, measured against
+alpha_t, and a masked one decodes with ReMDM's rate for that sigma:
 
-FB corrector ("mdlm-fb", after Campbell et al. 2022). After the predictor, a fraction eta of
-the forward process s -> t is applied to every decoded position of the current block: the
-absorbing forward kernel q(z_t | z_s) masks a token with probability 1 - alpha_t / alpha_s, so
-each decoded token is re-masked with
+    z_t^l != m:  keep with 1 - sigma, mask with sigma
+    z_t^l  = m:  decode with (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t)  (= 2u when sigma < 1)
+                 stay masked with (1 - alpha_s - sigma alpha_t) / (1 - alpha_t)
 
-    c = eta * (1 - alpha_t / alpha_s).
+On the released uniform grid sigma = 1/i at the i-th step from the end, i.e. about one
+re-masking per position over a trajectory (sum_i alpha_i sigma_i = sum_i 1/T = 1), against 0.02
+with the eta-scaled rate this module had before. Where the stay-masked weight goes negative
+(the last steps, 2u > 1), the release's categorical draw -- argmax of p / Exp(1) over the row --
+never picks the negative entry, so the position decodes with probability 1: here the decode
+rate is clipped to 1, the same distribution. sigma is clipped to 1 (it exceeds 1 only on this
+schedule's first step, where alpha_t = eps and nothing is decoded yet; the release's alpha_t is
+exactly 0 there and it sets sigma = 1).
 
-The backward (denoising) half of the corrector is the next step's predictor, which re-decodes
-the re-masked positions with a *fresh* x_theta (the current x_theta is SUBS: a point mass on
-every decoded token, so denoising again with it would return the same token). Fused per
-position (predictor, then corrector; independent across positions given x_theta):
+DFM ("mdlm-dfm", Gat et al. 2024, App. D's corrector schedule): at time t < 1
 
-    z_t^l = m:   p(x) = (1 - c) u x_theta[x],          p(m) = k + c u
-    z_t^l != m:  p(z_t^l) = 1 - c,                     p(m) = c
+    a_t = 10 t^(1/4) (1 - t)^(1/4) + 1,   b_t = a_t - 1
+    z_t^l  = m:  decode with a_t u
+    z_t^l != m:  mask with b_t (alpha_s / alpha_t - 1)
 
-DFM corrector ("mdlm-dfm", after Gat et al. 2024, discrete flow matching): the corrector
-velocity is (1 + eta) times the forward (unmasking) velocity plus eta times the backward
-(masking) velocity (Gat et al.'s a_t u_fwd - b_t u_bwd with a_t - b_t = 1, b_t = eta). One
-step t -> s in probability form: the forward part unmasks with (1 + eta) u, the backward part
-moves a decoded token back to m with eta (alpha_s - alpha_t) / alpha_s (the noising path's
-masking probability over the same interval, measured from the decoded side). Per position:
+and its own time grid (`dfm_grid`): the first step is MDLM's with dt = 1/T; after it
+dt = min(1/T, 1 / (a_t / t + b_t / (1 - t))), which keeps both rates <= 1, so a trajectory
+takes *more* than T steps (the extra steps fall near t = 0, where a_t / t is large) and the
+loop stops once t <= 1/T. Each extra step is a network call unless nothing changes (ddpm_cache),
+and the compute counters record it.
 
-    z_t^l = m:   p(x) = u' x_theta[x],  p(m) = 1 - u',   u' = min(1, (1 + eta) u)
-    z_t^l != m:  p(z_t^l) = 1 - b,      p(m) = b,        b = min(1, eta (alpha_s - alpha_t) / alpha_s)
-
-Choices: eta is constant over time (default 0.02, the ReMDM-loop strength), and the corrector
-is switched off on a block's last step (s = 0), which is a pure predictor step (noise removal),
-so nothing is left masked; elsewhere the correctors act only inside the current semi-AR block.
-With eta = 0, or on the last step, the transition *is* `mdlm_posterior` (same tensor, so the
-same draws under the same generator). Coefficients are Python float64 as in MDLM.
+Choices (the only places this differs from the release):
+- alpha is this project's log-linear schedule with the training eps (alpha_t = 1 - (1 - eps) t),
+  not 1 - t; a_t, b_t and the DFM step rule use t as released.
+- The release ends a trajectory with "noise removal": one more network call whose argmax fills
+  whatever is still masked. Here the last step of a grid is (t, 0), a pure predictor step with
+  no remasking (alpha_s = 1: everything masked decodes, by a draw from x_theta), like every other
+  sampler of the loop (`tadm.sampling.base`, point 5). For FB this drops the release's last-step
+  remasking (probability ~1/T per token); DFM's grid gets that (t, 0) step appended.
+- Correctors act inside the current semi-AR block only (the release samples one block).
+Coefficients are Python float64.
 """
 
 from __future__ import annotations
@@ -46,75 +54,110 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tadm.sampling.base import Sampler, Transition, point_mass
-from tadm.sampling.mdlm import mdlm_posterior
+from tadm.sampling.base import Sampler, Transition, point_mass, time_grid
 
 
-def _check(alpha_t: float, alpha_s: float, eta: float) -> None:
-    if not 0.0 <= alpha_t <= alpha_s <= 1.0 or alpha_t >= 1.0 or alpha_s <= 0.0:
-        raise ValueError(f"need 0 <= alpha_t <= alpha_s <= 1, alpha_t < 1, alpha_s > 0; got {alpha_t}, {alpha_s}")
-    if not 0.0 <= eta <= 1.0:
-        raise ValueError(f"corrector rate eta must be in [0, 1], got {eta!r}")
+def _check(alpha_t: float, alpha_s: float) -> None:
+    if not 0.0 <= alpha_t <= alpha_s <= 1.0 or alpha_t >= 1.0:
+        raise ValueError(f"need 0 <= alpha_t <= alpha_s <= 1 and alpha_t < 1; got {alpha_t}, {alpha_s}")
 
 
-def _fused(x_theta: Tensor, z_t: Tensor, unmask: float, stay_masked: float, remask: float, mask_id: int) -> Tensor:
-    """Rows (B, L, V+1): masked -> unmask * x_theta + stay_masked * m; decoded -> (1 - remask) keep + remask * m."""
+def _fused(x_theta: Tensor, z_t: Tensor, unmask: float, remask: float, mask_id: int) -> Tensor:
+    """Rows (B, L, V+1): masked -> unmask * x_theta + (1 - unmask) m; decoded -> (1 - remask) keep + remask m."""
     from_mask = x_theta * unmask
-    from_mask[..., mask_id] += stay_masked
+    from_mask[..., mask_id] += 1.0 - unmask
     from_token = point_mass(z_t, x_theta.shape[-1], x_theta.dtype) * (1.0 - remask)
     from_token[..., mask_id] += remask
     return torch.where((z_t == mask_id).unsqueeze(-1), from_mask, from_token)
 
 
-def fb_remask_prob(alpha_t: float, alpha_s: float, eta: float) -> float:
-    """c = eta * (1 - alpha_t / alpha_s): a fraction eta of the forward kernel s -> t."""
-    return eta * (1.0 - alpha_t / alpha_s)
+def fb_sigma(alpha_t: float, alpha_s: float) -> float:
+    """FB's remasking probability (alpha_s - alpha_t) / alpha_t, clipped to 1 (1 at alpha_t = 0)."""
+    _check(alpha_t, alpha_s)
+    return 1.0 if alpha_t <= 0.0 else min(1.0, (alpha_s - alpha_t) / alpha_t)
 
 
-def fb_posterior(x_theta: Tensor, z_t: Tensor, alpha_t: float, alpha_s: float, eta: float, mask_id: int) -> Tensor:
-    """MDLM predictor t -> s followed by the FB corrector's forward re-masking (module docstring)."""
-    _check(alpha_t, alpha_s, eta)
-    if eta == 0.0:
-        return mdlm_posterior(x_theta, z_t, alpha_t, alpha_s, mask_id)
+def fb_rates(alpha_t: float, alpha_s: float) -> tuple[float, float]:
+    """(unmask, remask) of one FB step (module docstring)."""
+    sigma = fb_sigma(alpha_t, alpha_s)
+    unmask = (alpha_s - (1.0 - sigma) * alpha_t) / (1.0 - alpha_t)
+    return min(1.0, max(0.0, unmask)), sigma
+
+
+def dfm_coefficients(t: float) -> tuple[float, float]:
+    """(a_t, b_t) of the released DFM corrector schedule: a_t = 10 t^.25 (1 - t)^.25 + 1, b_t = a_t - 1."""
+    if not 0.0 <= t <= 1.0:
+        raise ValueError(f"DFM time t must lie in [0, 1], got {t}")
+    a = 10.0 * t ** 0.25 * (1.0 - t) ** 0.25 + 1.0
+    return a, a - 1.0
+
+
+def dfm_rates(t: float, alpha_t: float, alpha_s: float) -> tuple[float, float]:
+    """(unmask, remask) of one DFM step from time t (module docstring); t = 1: MDLM's step."""
+    _check(alpha_t, alpha_s)
     u = (alpha_s - alpha_t) / (1.0 - alpha_t)
-    c = fb_remask_prob(alpha_t, alpha_s, eta)
-    return _fused(x_theta, z_t, (1.0 - c) * u, (1.0 - u) + c * u, c, mask_id)
-
-
-def dfm_posterior(x_theta: Tensor, z_t: Tensor, alpha_t: float, alpha_s: float, eta: float, mask_id: int) -> Tensor:
-    """One Euler step of the DFM corrector velocity (module docstring)."""
-    _check(alpha_t, alpha_s, eta)
-    if eta == 0.0:
-        return mdlm_posterior(x_theta, z_t, alpha_t, alpha_s, mask_id)
-    u = min(1.0, (1.0 + eta) * (alpha_s - alpha_t) / (1.0 - alpha_t))
-    b = min(1.0, eta * (alpha_s - alpha_t) / alpha_s)
-    return _fused(x_theta, z_t, u, 1.0 - u, b, mask_id)
-
-
-def corrector_rates(kind: str, alpha_t: float, alpha_s: float, eta: float) -> tuple[float, float]:
-    """(unmask, remask) of the fused predictor-corrector step, kind "fb" or "dfm" (docstring)."""
-    _check(alpha_t, alpha_s, eta)
-    u = (alpha_s - alpha_t) / (1.0 - alpha_t)
-    if eta == 0.0:
+    if t >= 1.0:
         return u, 0.0
-    if kind == "fb":
-        c = fb_remask_prob(alpha_t, alpha_s, eta)
-        return (1.0 - c) * u, c
-    return min(1.0, (1.0 + eta) * u), min(1.0, eta * (alpha_s - alpha_t) / alpha_s)
+    a, b = dfm_coefficients(t)
+    remask = 0.0 if alpha_t <= 0.0 else b * (alpha_s / alpha_t - 1.0)
+    return min(1.0, a * u), min(1.0, remask)
+
+
+def dfm_grid(steps: int) -> list[tuple[float, float]]:
+    """DFM's [(t, s)]: dt = 1/T at t = 1, then min(1/T, 1 / (a_t / t + b_t / (1 - t))), until
+    t <= 1/T; then (t, 0), the final predictor step (module docstring)."""
+    if steps < 1:
+        raise ValueError(f"steps must be positive, got {steps}")
+    base, t, grid = 1.0 / steps, 1.0, []
+    while t > base + 1e-12:
+        if t >= 1.0:
+            dt = base
+        else:
+            a, b = dfm_coefficients(t)
+            dt = min(base, 1.0 / (a / t + b / (1.0 - t)))
+        grid.append((t, t - dt))
+        t -= dt
+    if t > 1e-12:
+        grid.append((t, 0.0))
+    else:  # landed on 0 (to rounding): the last step is the final one
+        grid[-1] = (grid[-1][0], 0.0)
+    return grid
+
+
+def fb_posterior(x_theta: Tensor, z_t: Tensor, alpha_t: float, alpha_s: float, mask_id: int) -> Tensor:
+    """p(z_s | z_t) (B, L, V+1) of one FB step (dense; the loop uses the factored rates)."""
+    unmask, remask = (1.0, 0.0) if alpha_s >= 1.0 else fb_rates(alpha_t, alpha_s)
+    return _fused(x_theta, z_t, unmask, remask, mask_id)
+
+
+def dfm_posterior(x_theta: Tensor, z_t: Tensor, t: float, alpha_t: float, alpha_s: float, mask_id: int) -> Tensor:
+    """p(z_s | z_t) (B, L, V+1) of one DFM step from time t (dense)."""
+    unmask, remask = (1.0, 0.0) if alpha_s >= 1.0 else dfm_rates(t, alpha_t, alpha_s)
+    return _fused(x_theta, z_t, unmask, remask, mask_id)
 
 
 class CorrectorSampler(Sampler):
-    """MDLM predictor + FB or DFM corrector on the log-linear schedule; rate = settings.eta."""
+    """MDLM + the released FB or DFM corrector on the log-linear schedule (module docstring)."""
 
     names = ("mdlm-fb", "mdlm-dfm")
 
+    def __init__(self, settings, mask_id: int):
+        super().__init__(settings, mask_id)
+        self.kind = settings.sampler.removeprefix("mdlm-")
+
+    def grid(self, steps: int) -> list[tuple[float, float]]:
+        return dfm_grid(steps) if self.kind == "dfm" else time_grid(steps)
+
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         alpha_t, alpha_s = self.alpha(t), self.alpha(s)
-        eta = 0.0 if s <= 0.0 else self.settings.eta  # the last step of a block is a pure predictor
-        kind = self.settings.sampler.removeprefix("mdlm-")
-        unmask, remask = corrector_rates(kind, alpha_t, alpha_s, eta)
-        phase = kind if eta > 0.0 else "predictor"
+        if s <= 0.0:  # the last step of a block: a pure predictor step, everything decodes
+            unmask, remask, phase = 1.0, 0.0, "predictor"
+        elif self.kind == "fb":
+            (unmask, remask), phase = fb_rates(alpha_t, alpha_s), "fb"
+        else:
+            (unmask, remask), phase = dfm_rates(t, alpha_t, alpha_s), "dfm"
         return Transition(*self.rates(z_t, active, unmask, remask), alpha_t, alpha_s, remask, phase)
 
 
-__all__ = ["CorrectorSampler", "corrector_rates", "fb_posterior", "dfm_posterior", "fb_remask_prob"]
+__all__ = ["CorrectorSampler", "dfm_coefficients", "dfm_grid", "dfm_posterior", "dfm_rates", "fb_posterior",
+           "fb_rates", "fb_sigma"]

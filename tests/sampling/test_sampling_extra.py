@@ -7,7 +7,8 @@ import torch
 
 from tadm.losses import sedd_log_scores
 from tadm.sampling import (
-    SamplerSettings, SEDDAdapter, StepInfo, dfm_posterior, fb_posterior, make_adapter, mdlm_posterior, sample,
+    SamplerSettings, SEDDAdapter, StepInfo, dfm_grid, dfm_posterior, dfm_rates, fb_posterior, fb_rates, make_adapter,
+    mdlm_posterior, sample,
     sample_ar, sedd_analytic_posterior,
 )
 from tests.sampling.conftest import V, random_model
@@ -30,57 +31,98 @@ def run(adapter, callback=None, n=2, **settings):
 # --------------------------------------------------------------------------- correctors
 
 
-@pytest.mark.parametrize("posterior", [fb_posterior, dfm_posterior])
-@pytest.mark.parametrize("alpha_t, alpha_s", [(0.0, 0.3), (1e-3, 1e-3 + 1 / 4096), (0.4, 0.9), (0.999, 1.0)])
-@pytest.mark.parametrize("eta", [0.0, 0.02, 0.5, 1.0])
-def test_corrector_rows_are_distributions(posterior, alpha_t, alpha_s, eta):
+def _posterior(sampler, x, z, t, at, as_):
+    return fb_posterior(x, z, at, as_, V) if sampler == "mdlm-fb" else dfm_posterior(x, z, t, at, as_, V)
+
+
+@pytest.mark.parametrize("sampler", ["mdlm-fb", "mdlm-dfm"])
+@pytest.mark.parametrize("t, alpha_t, alpha_s", [(1.0, 0.0, 0.3), (1.0, 1e-3, 1e-3 + 1 / 4096), (0.6, 0.4, 0.9),
+                                                 (0.5, 0.5, 0.5 + 1 / 128), (0.01, 0.99, 0.995), (0.001, 0.999, 1.0)])
+def test_corrector_rows_are_distributions(sampler, t, alpha_t, alpha_s):
     x, z = random_x_theta()
-    probs = posterior(x, z, alpha_t, alpha_s, eta, V)
+    probs = _posterior(sampler, x, z, t, alpha_t, alpha_s)
     assert (probs >= 0).all()
     torch.testing.assert_close(probs.sum(-1), torch.ones(z.shape, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("sampler", ["mdlm-fb", "mdlm-dfm"])
-def test_corrector_transitions_of_a_run_are_distributions_and_remask(models, sampler):
-    remasked = []
+def test_corrector_transitions_of_a_run_are_the_closed_forms_and_remask(models, sampler):
+    remasked, steps = [], []
 
     def check(info: StepInfo):
         tr = info.transition
         p = tr.probs(info.full_x_theta, info.z_t, V)
         assert p.dtype == torch.float64 and (p >= 0).all()
         torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:2], dtype=p.dtype), rtol=0, atol=1e-12)
-        at, as_, eta = tr.alpha_t, tr.alpha_s, (0.0 if info.s <= 0 else 1.0)
-        closed = (fb_posterior if sampler == "mdlm-fb" else dfm_posterior)(info.full_x_theta, info.z_t, at, as_, eta, V)
+        closed = _posterior(sampler, info.full_x_theta, info.z_t, info.t, tr.alpha_t, tr.alpha_s)
         torch.testing.assert_close(p, closed, rtol=0, atol=1e-14)  # the factored form is the closed form
         remasked.append(int(((info.z_t != V) & (info.z_s == V)).sum()))
+        steps.append((info.t, info.s))
 
-    result = run(make_adapter(models["mdlm"]), check, sampler=sampler, eta=1.0, steps=32, n=4, lazy_head=False,
+    result = run(make_adapter(models["mdlm"]), check, sampler=sampler, steps=32, n=4, lazy_head=False,
                  ddpm_cache=False)
     assert sum(remasked) > 0  # the corrector does re-mask decoded tokens
     assert ((result.tokens >= 0) & (result.tokens < V)).all()
+    assert steps == (dfm_grid(32) if sampler == "mdlm-dfm" else [(i / 32, (i - 1) / 32) for i in range(32, 0, -1)])
+    assert result.counters.model_calls == len(steps)  # DFM's extra steps are network calls (no cache here)
 
 
-@pytest.mark.parametrize("sampler", ["mdlm-fb", "mdlm-dfm"])
-def test_corrector_off_is_mdlm_token_for_token(models, sampler):
-    adapter = make_adapter(models["mdlm"])
-    a = run(adapter, sampler="mdlm", seed=5, n=4).tokens
-    b = run(adapter, sampler=sampler, eta=0.0, seed=5, n=4).tokens
-    assert torch.equal(a, b)
-
-
-def test_fb_and_dfm_closed_forms():
+def test_fb_rows_as_released():
+    """kuleshov-group/remdm diffusion.py, sampler == 'forward-backward': sigma = (alpha_s -
+    alpha_t) / alpha_t; decoded: p_x0 (1 - sigma) + sigma m; masked: p_x0 (alpha_s - (1 - sigma)
+    alpha_t) / (1 - alpha_t) + (1 - alpha_s - sigma alpha_t) / (1 - alpha_t) m."""
     x, z = random_x_theta()
-    at, as_, eta = 0.3, 0.6, 0.25
     masked, decoded = z == V, z != V
-    u = (as_ - at) / (1 - at)
-    c = eta * (1 - at / as_)
-    fb = fb_posterior(x, z, at, as_, eta, V)
-    torch.testing.assert_close(fb[masked][:, :V], (1 - c) * u * x[masked][:, :V])
-    torch.testing.assert_close(fb[decoded][:, V], torch.full((int(decoded.sum()),), c, dtype=torch.float64))
-    dfm = dfm_posterior(x, z, at, as_, eta, V)
-    torch.testing.assert_close(dfm[masked][:, :V], (1 + eta) * u * x[masked][:, :V])
-    b = eta * (as_ - at) / as_
-    torch.testing.assert_close(dfm[decoded][:, V], torch.full((int(decoded.sum()),), b, dtype=torch.float64))
+    at, as_ = 0.3, 0.4
+    sigma = (as_ - at) / at
+    fb = fb_posterior(x, z, at, as_, V)
+    torch.testing.assert_close(fb[masked][:, :V], x[masked][:, :V] * (as_ - (1 - sigma) * at) / (1 - at))
+    torch.testing.assert_close(fb[masked][:, V], torch.full((int(masked.sum()),), (1 - as_ - sigma * at) / (1 - at),
+                                                            dtype=torch.float64))
+    torch.testing.assert_close(fb[decoded][:, V], torch.full((int(decoded.sum()),), sigma, dtype=torch.float64))
+    assert fb_rates(at, as_) == pytest.approx((2 * (as_ - at) / (1 - at), sigma))
+    # late steps: the stay-masked weight would be negative; the release's argmax-of-p/Exp draw
+    # then always decodes, i.e. the decode rate is 1
+    assert fb_rates(0.7, 0.9)[0] == 1.0
+    assert fb_rates(0.0, 0.25) == (0.25, 1.0)  # alpha_t = 0: sigma = 1 as released
+
+
+def test_dfm_rows_and_step_rule_as_released():
+    """kuleshov-group/remdm diffusion.py `_dfm_caching_update`: a_t = 10 t^.25 (1-t)^.25 + 1,
+    b_t = a_t - 1; masked: p_x0 a_t (alpha_s - alpha_t) / (1 - alpha_t); decoded: mask with
+    b_t (alpha_s / alpha_t - 1); dt = min(1/T, 1 / (a_t / t + b_t / (1 - t))), first step 1/T."""
+    x, z = random_x_theta()
+    masked, decoded = z == V, z != V
+    t, at, as_ = 0.3, 0.7, 0.71
+    a = 10 * t ** 0.25 * (1 - t) ** 0.25 + 1
+    dfm = dfm_posterior(x, z, t, at, as_, V)
+    torch.testing.assert_close(dfm[masked][:, :V], x[masked][:, :V] * a * (as_ - at) / (1 - at))
+    torch.testing.assert_close(dfm[decoded][:, V], torch.full((int(decoded.sum()),), (a - 1) * (as_ / at - 1),
+                                                              dtype=torch.float64))
+    assert dfm_rates(1.0, 1e-3, 0.1) == ((0.1 - 1e-3) / (1 - 1e-3), 0.0)  # t = 1: MDLM's step
+    T = 64
+    grid = dfm_grid(T)
+    assert grid[0] == (1.0, 1.0 - 1 / T) and grid[-1][1] == 0.0
+    assert all(abs(s1 - t2) < 1e-15 for (_, s1), (t2, _) in zip(grid, grid[1:]))  # contiguous
+    for t, s in grid[1:-1]:
+        a = 10 * t ** 0.25 * (1 - t) ** 0.25 + 1
+        assert t - s == pytest.approx(min(1 / T, 1 / (a / t + (a - 1) / (1 - t))), rel=1e-12)
+    assert grid[-2][1] <= 1 / T + 1e-12 < grid[-2][0]  # stops once t <= 1/T
+    assert len(grid) > T  # the step rule adds steps near t = 0
+
+
+def test_released_fb_remasks_about_once_per_position():
+    """The expected number of re-mask events per position over a trajectory, sum over steps of
+    P(decoded) * sigma with P(decoded) ~ alpha_t, is about 1 for FB (the eta-scaled rate this
+    module had before gave ~0.02)."""
+    from tadm.schedule import LogLinearSchedule
+
+    sched, T = LogLinearSchedule(1e-3), 1024
+    events = 0.0
+    for t, s in [(i / T, (i - 1) / T) for i in range(T, 1, -1)]:
+        at, as_ = (float(sched.alpha(torch.tensor(v, dtype=torch.float64))) for v in (t, s))
+        events += at * fb_rates(at, as_)[1]
+    assert 0.9 < events < 1.1
 
 
 # --------------------------------------------------------------------------- SEDD

@@ -1,44 +1,61 @@
 """Run untrusted, model-generated Python code in a separate, limited process.
 
-:func:`run_python` writes the code to a file in a fresh throw-away directory and runs it with
-``python -I -S -B`` (isolated mode, no site-packages, no bytecode writes). What stops runaway
-code, from the layer that matters most:
+The boundary is the operating system, not Python. :func:`run_python` writes the code to
+``main.py`` in a fresh throw-away host directory and runs it with ``python -I -S -B`` (isolated
+mode, no site-packages, no bytecode writes) through util-linux ``unshare`` and
+:mod:`tadm.tasks._sandbox_init`:
 
-1. **A separate process** in its own session. On the wall-clock timeout the whole process
-   group is killed (SIGKILL), and it is killed again after every run so that nothing the code
-   left behind keeps running. The evaluator never shares memory, files or signals with it.
-2. **Resource limits** set in the child before ``exec``: address space (``memory_mb``), CPU
+1. **Its own namespaces**: mount, PID, network, IPC and UTS (``unshare --mount --pid --net --ipc
+   --uts --fork --kill-child``; plus ``--user --map-root-user`` where the evaluator is not root,
+   or is root without the capabilities). The code is pid 1 of its PID namespace: it cannot see
+   or signal any process outside it. Its network namespace has only a loopback interface, down.
+2. **Its own file-system view**, built by ``_sandbox_init`` and entered with ``pivot_root`` (the
+   host's root is then detached): a read-only tmpfs root holding read-only bind mounts of
+   ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the dynamic loader's files in ``/etc`` and the
+   interpreter's own prefix (where it lives outside ``/usr``, e.g. a pyenv under ``/root``);
+   ``/dev/{null,zero,full,random,urandom}``; a **private** ``/proc`` (only the sandbox's own
+   processes: no ``/proc/<evaluator pid>/environ``); a private 64 MiB tmpfs ``/tmp``; and the
+   throw-away directory, read-write, at ``/sandbox`` (cwd, HOME and TMPDIR). Nothing else of the
+   host is reachable: not the repository, not HOME, not the venv, not ``/etc/passwd``. All
+   mounts are nosuid and nodev. The environment is PATH, HOME, TMPDIR and a UTF-8 locale only.
+3. **An unprivileged uid**: the code runs as uid/gid 65534 (``nobody``), with no supplementary
+   groups, no capabilities and ``no_new_privs``. As root the init process switches to 65534 with
+   ``setresuid`` (which drops every capability); in a user namespace, a nested user namespace maps
+   65534 to the evaluator's own uid and nothing else. So the code is never root: even if it gets
+   past every Python-level guard it can write only to ``/sandbox`` and its private ``/tmp``, and
+   ``RLIMIT_NPROC`` (0) is enforced, so it cannot fork or run a shell.
+4. **Resource limits** set before ``exec`` and inherited: address space (``memory_mb``), CPU
    seconds (``ceil(timeout_s) + 1``), file size (10 MiB -- also caps stdout/stderr, which go to
-   files), open files (64), processes (0: no fork, for a non-root user) and core dumps (0).
-3. **A throw-away directory** as cwd, HOME and TMPDIR, deleted afterwards, and a minimal
-   environment (PATH only, plus HOME, TMPDIR and a UTF-8 locale).
-4. **Fresh PID and network namespaces** where the kernel permits them (root or CAP_SYS_ADMIN):
-   the child is started through util-linux ``unshare --pid --fork --kill-child --net``, so the
-   code runs as pid 1 of its own PID namespace (it cannot see or signal any process outside it;
-   ``kill(-1, ...)`` reaches only what it started itself) and sees only a loopback interface that
-   is down. Whether that works is probed once per evaluator process. Where it does not (no
-   ``unshare`` binary, or not permitted) the child falls back to ``unshare(CLONE_NEWNET)`` alone
-   where that is permitted, and otherwise runs without namespaces, silently; the prelude applies
-   either way.
-5. **A Python prelude** run before the code: it disables sockets and name lookups, process
-   creation (``os.fork``, ``os.system``, ``os.exec*``, ``os.spawn*``, ``subprocess``,
-   ``multiprocessing``), signals to other processes, ``ctypes``, and writes, deletions and
-   renames outside the sandbox directory (reads stay allowed, so the stdlib works).
+   files), open files (64), processes (0; set by ``_sandbox_init`` after the uid switch, as the
+   kernel would otherwise refuse the exec) and core dumps (0).
+5. **A separate process group**: on the wall-clock timeout the whole group is killed (SIGKILL),
+   and it is killed again after every run; ``--kill-child`` takes the namespace down with it.
+6. **A Python prelude** run before the code, as defence in depth only: it disables sockets and
+   name lookups, process creation, signals to other processes, ``ctypes`` and writes outside the
+   sandbox directory, so that the common accidents of generated code -- a stray
+   ``os.system("rm ...")``, a download, a ``multiprocessing.Pool`` -- end in a clean
+   ``sandbox:`` error. It is **not** a security boundary: Python code can get around it (the real
+   ``posix`` module through the closure of the ``_imp.create_builtin`` wrapper, the unpatched
+   ``io.FileIO.__bases__[0]`` or ``type(sys.stdout.buffer.raw)``, ``sqlite3.connect``,
+   ``readline.write_history_file``, ``_ctypes`` loaded under another module name). Each of these
+   escapes is a regression test (tests/tasks/test_tasks_sandbox.py): it still runs, and the layers
+   above must leave it nothing to reach -- no file outside written, no process run as root, no
+   secret of the evaluator read.
 
-The prelude is **defence in depth, not a security boundary**: Python code can always find a
-way around Python-level patches (introspection of the wrappers' closures, for example). It
-exists to turn the common accidents of generated code -- a stray ``os.system("rm ...")``, a
-download, a ``multiprocessing.Pool`` -- into a clean error.
+Whether the namespaces work is probed once per evaluator process, by running a probe program
+through the very same route (as root: without, then with, a user namespace). **Where they do
+not** (no ``unshare``, a kernel or container that refuses them), generated code is not run:
+:func:`run_python` raises :class:`SandboxUnavailable` with one line saying why and how to allow
+it. Only an explicit ``unsafe_host_execution=True`` (``--unsafe-host-execution``) runs it
+anyway, the old way: a plain child on the host in the throw-away directory, under the rlimits
+above and the prelude, in a fresh network namespace where the kernel permits one -- as the
+evaluator's uid, with the host's /proc and file system readable, i.e. with no boundary beyond
+what the prelude catches. Use it only for code you trust or inside a disposable VM.
 
-Running as root (as on the project's dev VMs) weakens the OS layers: the kernel does not
-enforce RLIMIT_NPROC for root, so the prelude is what blocks ``fork`` (if it is bypassed, the
-children die with the run: with the PID namespace, when its pid 1 exits; without it, by the
-process-group kill). When the ``unshare`` route works, the PID namespace is what contains
-``os.kill(-1, SIGKILL)`` even with the prelude bypassed: it can then only kill the code's own
-processes. When it does not (a machine without util-linux ``unshare``, or a kernel or
-container that refuses PID namespaces), the child shares the evaluator's PID namespace and
-uid, and only the prelude stops ``os.kill(-1, SIGKILL)`` -- which, as root, kills every process
-on the machine. Evaluate as a non-root user, or inside a container or VM, whenever that matters.
+Limits of the boundary, stated plainly: the code shares the host kernel (a kernel exploit is out
+of scope); ``/usr`` and the interpreter's prefix are readable (they hold no secrets on a normal
+set-up -- put none there); the sysctls under ``/proc/sys`` are readable; the set-up (a few
+milliseconds of CPU) counts against the run's CPU limit.
 
 Being pid 1 changes one thing for the code: the kernel ignores default-action signals that a
 namespace's init sends itself. The prelude makes ``os.kill(os.getpid(), sig)``,
@@ -47,9 +64,10 @@ signal); signals the kernel sends on its own with no handler installed (SIGXCPU 
 soft limit, SIGALRM from ``signal.alarm``) are ignored there, and the wall-clock timeout or the
 hard CPU limit (SIGKILL, reported as "killed") ends such a program instead.
 
-Known costs of the prelude: ``asyncio`` (needs a socket pair), ``multiprocessing`` and
-``ctypes`` are unavailable; tracebacks report line numbers one higher than in the code
-(the prelude is one line at the top of the file).
+Known costs: ``asyncio`` (needs a socket pair), ``multiprocessing``, ``subprocess`` and
+``ctypes`` are unavailable; tracebacks report line numbers one higher than in the code (the
+prelude is one line at the top of the file); each run starts the interpreter twice (the
+namespace's init, then the program).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ process other than the child it just started; probes of other processes use sign
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,9 +45,12 @@ def raw(program: str, **kw) -> sandbox.SandboxResult:
     return sandbox._run_program(program, **kw)
 
 
-def on_the_host(monkeypatch, why: str = "simulated: no namespaces here") -> None:
-    """Make the sandbox believe the namespaces do not work here (the probe's answer is cached)."""
+def on_the_host(monkeypatch, why: str = "simulated: no namespaces here") -> object:
+    """Make the sandbox believe the namespaces do not work here (the probe's answer is cached);
+    what it believed before."""
+    before = sandbox._isolation
     monkeypatch.setattr(sandbox, "_isolation", why)
+    return before
 
 
 def process_gone(pid: int) -> bool:
@@ -262,7 +266,7 @@ def test_leftover_children_are_killed_after_the_run(monkeypatch):
     code forks, the process group dies with the run."""
     if os.geteuid() != 0:  # RLIMIT_NPROC=0 forbids the fork itself (tested below)
         pytest.skip("fork is refused by RLIMIT_NPROC for a non-root user")
-    on_the_host(monkeypatch)
+    before = on_the_host(monkeypatch)
     code = (  # the parent prints its child's host pid (sent through a pipe) and exits at once
         "import os, time\nr, w = os.pipe()\npid = os.fork()\n"
         f"if pid == 0:\n    os.write(w, str({HOST_PID}).encode())\n    time.sleep(60)\n"
@@ -272,14 +276,14 @@ def test_leftover_children_are_killed_after_the_run(monkeypatch):
     assert result.passed, result
     child = int(result.stdout)  # the parent exited at once; its sleeping child must not live on
     assert child > 0 and wait_gone(child)
-    monkeypatch.undo()  # back in the sandbox
+    monkeypatch.setattr(sandbox, "_isolation", before)  # back in the sandbox
     assert_still_works()
 
 
 def test_timeout_kills_the_whole_process_group(monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("fork is refused by RLIMIT_NPROC for a non-root user")
-    on_the_host(monkeypatch)
+    before = on_the_host(monkeypatch)
     # sleeping, not spinning: only the group kill ends them early (not the CPU-seconds limit);
     # the child outlives its parent, so waiting for the parent alone would not end it either
     code = (
@@ -289,7 +293,7 @@ def test_timeout_kills_the_whole_process_group(monkeypatch):
     result = raw(code, timeout_s=TIMEOUT, unsafe_host_execution=True)
     assert result.reason == "timeout"
     assert wait_gone(int(result.stdout.split()[0]))
-    monkeypatch.undo()  # back in the sandbox
+    monkeypatch.setattr(sandbox, "_isolation", before)  # back in the sandbox
     assert_still_works()
 
 
@@ -394,7 +398,8 @@ def test_refuses_in_one_line_where_the_probe_fails(monkeypatch):
         run_python("open('ran', 'w')\nprint('ran')")
     message = str(refused.value)
     assert "\n" not in message and message.startswith("sandbox: refusing to run generated code")
-    assert "--no-such-option" in message  # why
+    assert f"({sandbox._isolation})" in message  # why: the probe's own answer
+    assert "--no-such-option" in message or shutil.which("unshare") is None
     assert "--unsafe-host-execution" in message and "unprivileged_userns_clone" in message  # how to allow it
     from tadm.tasks import humaneval
 

@@ -116,7 +116,7 @@ def _table1(p: Params, d: runtime.Dist, args: dict) -> Any:
 
     log = print if d.main else (lambda *_: None)
     return table1.run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=_path(args.get("out")), log=log,
-                      dist=d)
+                      dist=d, unsafe_host_execution=bool(args.get("unsafe_host_execution", False)))
 
 
 def _asrd(p: Params, d: runtime.Dist, args: dict) -> Any:

@@ -85,15 +85,17 @@ def arithmetic_task(sft_dir: Path, limit: int, canvas_length: int) -> Task:
                 lambda i, text: arithmetic.is_correct(text, rows[i]["answer"]), canvas_length)
 
 
-def load_task(name: str, p: Params, sft_dir: Path) -> Task:
-    """A Table 1 task: its prompts, its scorer and its generation length."""
+def load_task(name: str, p: Params, sft_dir: Path, unsafe_host_execution: bool = False) -> Task:
+    """A Table 1 task: its prompts, its scorer and its generation length. `unsafe_host_execution`
+    (default off) lets HumanEval / LiveCodeBench run completions on the host where the sandbox
+    cannot isolate them (see `tadm.tasks.sandbox`); otherwise scoring them refuses there."""
     pt = p.posttrain
     if name == "arithmetic":
         return arithmetic_task(sft_dir, pt.eval_examples, pt.canvas_length)
     from tadm.tasks.suite import build_task  # the paper's benchmarks (hub or local files)
 
     source = pt.task_sources.get(name) or (p.sft.gsm8k if name == "gsm8k" else None)
-    prompts, score = build_task(name, source, limit=pt.eval_examples)
+    prompts, score = build_task(name, source, limit=pt.eval_examples, unsafe_host_execution=unsafe_host_execution)
     return Task(name, prompts, score, PAPER_LENGTHS[name])
 
 
@@ -281,8 +283,9 @@ def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None =
 
 
 def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out: Path | None = None,
-        log=print, dist: runtime.Dist | None = None) -> dict:
+        log=print, dist: runtime.Dist | None = None, unsafe_host_execution: bool = False) -> dict:
     """Score every method on every task and seed; measure speed; write results/table1.json.
+    `unsafe_host_execution`: see `load_task` (an explicit opt-in; off by default).
     On the device of `dist` (None: `runtime.setup(p.runtime)`); with runtime.nproc > 1 (and not
     under torchrun already) in torchrun workers (`tadm.experiments.worker`), whose result is
     returned."""
@@ -290,7 +293,8 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
 
     if worker.needs_launch(p):
         return worker.launch("table1", p, {"root": str(root), "sft_dir": str(sft_dir),
-                                           "out": str(out or root / "results" / "table1.json")})
+                                           "out": str(out or root / "results" / "table1.json"),
+                                           "unsafe_host_execution": unsafe_host_execution})
     d = dist or runtime.setup(p.runtime)
     methods, tok = build_methods(p, root, d)
     runner = Runner(p, tok, methods, d)
@@ -298,7 +302,7 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
     results = {"steps": pt.sample_steps, "split": list(methods[0].tadm.split.split),
                "fusion_parameters": methods[0].tadm.fusion.num_parameters, "tasks": {}}
     for name in pt.tasks:
-        task = load_task(name, p, sft_dir)
+        task = load_task(name, p, sft_dir, unsafe_host_execution)
         if not task.prompts:
             raise DataError(f"task {name}: no evaluation examples")
         rows = {}

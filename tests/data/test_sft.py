@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tadm.config import ROOT, HubSftSource, SftConfig, from_dict
+from tadm.config import ROOT, HubSftSource, SftConfig, from_dict, render_profile
 from tadm.data import arithmetic, sft
 from tadm.errors import DataError
 
@@ -139,11 +139,21 @@ def test_hub_bad_column_or_dataset_raises(hub_dir, tmp_path):
         sft.hub_examples(hub_cfg(tmp_path / "absent", count=1), seed=0)
 
 
+def _params(seed: int = 0, **sft_changes):
+    """Params for sft.build: a params mapping sets every key, so the default profile with its
+    sft section spelt out in full (the values these tests have always used: SftConfig's, with
+    `sft_changes`) and `seed`."""
+    raw = render_profile("default")
+    raw["seed"] = seed
+    raw["sft"] = {**dataclasses.asdict(SftConfig()), **sft_changes}
+    return from_dict(raw)
+
+
 def test_build_from_hub_sources(hub_dir, tokenizer, tmp_path):
-    params = from_dict({"sft": {"source": "hub", "validation_fraction": 0.25, "canvas_length": 4, "hub_sources": [
+    params = _params(source="hub", validation_fraction=0.25, canvas_length=4, hub_sources=[
         {"name": "toy-math", "dataset": str(hub_dir), "category": "math", "count": 12},
         {"name": "toy-chat", "dataset": str(hub_dir), "category": "instruction", "count": 8},
-    ]}})
+    ])
     manifest = sft.build(params, tokenizer, tmp_path / "out")
     counts = manifest["counts"]
     assert counts["train"]["examples"] + counts["validation"]["examples"] == 20
@@ -235,8 +245,8 @@ def test_split_is_the_same_in_every_process():
 
 
 def test_build_is_reproducible_and_splits_disjoint(tokenizer, tmp_path):
-    params = from_dict({"seed": 7, "sft": {"arithmetic_examples": 40, "validation_fraction": 0.2,
-                                           "canvas_length": 16, "max_prompt_tokens": 64, "max_response_tokens": 128}})
+    params = _params(7, arithmetic_examples=40, validation_fraction=0.2, canvas_length=16, max_prompt_tokens=64,
+                     max_response_tokens=128)
     first = sft.build(params, tokenizer, tmp_path / "a")
     second = sft.build(params, tokenizer, tmp_path / "b")
     assert first == second
@@ -262,5 +272,5 @@ def test_build_is_reproducible_and_splits_disjoint(tokenizer, tmp_path):
     assert len(canvases) == 8 * len(ids["train"]) == counts["train"]["canvases"]
     assert len(offsets) == len(ids["train"]) and tokens.size == counts["train"]["tokens"]
 
-    other_seed = sft.build(from_dict({"seed": 8, "sft": dataclasses.asdict(params.sft)}), tokenizer, tmp_path / "c")
+    other_seed = sft.build(_params(8, **dataclasses.asdict(params.sft)), tokenizer, tmp_path / "c")
     assert other_seed["sha256"]["train_canvases.npy"] != first["sha256"]["train_canvases.npy"]

@@ -1,0 +1,207 @@
+"""Memory estimate behind ``python -m tadm check``: will the configured models fit the machine?
+
+Nothing is built or allocated; the numbers come from closed formulas over the params.
+Notation: d = model.d_model, m = model.mlp_ratio, n = the model's layer count, V' = vocabulary
++ 1 (the mask token; AR has no mask), C = 128 (the conditioning width, tadm.models.dit.COND_DIM),
+b = train.micro_batch, s = packing.seq_len, a = activation bytes (4 for fp32, 2 for bf16
+autocast on a GPU; the CPU trains in fp32 whatever train.precision says).
+
+Parameters (tadm.models, exact up to a few small vectors; tests compare with the real count)::
+
+    block   = (4 + 2m) d^2 + 6 C d + (m + 9) d          qkv, out, MLP, adaLN, norms
+    head    = d V' + V' + 2 C d + 3 d                   LN + adaLN + Linear(d, V')
+    P(mdlm, sedd, ar) = V' d + n_mdlm block + head + cond
+    P(tadm)           = V' d + (n_anchor + n_denoiser) block + 2 head + 2 cond + fusion
+    P(adlm)           = 2 V' d + (n_anchor + n_denoiser) block + 2 head + 2 cond
+    fusion  = 14 d^2 + 10 d,   cond = 256 C + C^2 + 2 C
+
+Training memory of one process (the largest model of train.models)::
+
+    states      = 20 P bytes       fp32 weights 4 + gradients 4 + AdamW moments 8 + EMA 4
+    activations = a b s [n (22 + 2m) d + k V']  +  4 n b H s^2 (CPU only)
+                  n (22 + 2m) d: what one DiT block keeps for backward per token (x, the two
+                  norms and modulations, q k v and their rotations, attention out, the
+                  MLP's m d hidden twice, the gated sums, and the allocator's temporaries;
+                  the constant 22 is fitted to measured peaks, see tests), k V': the output
+                  heads' logits, their log-softmax and its gradient (k = 3 per head; TADM and
+                  ADLM have two), H = model.n_heads: torch's CPU attention keeps the s x s
+                  attention weights of every head; on a GPU the fused kernels keep none
+    total       = states + activations
+
+The post-training base (posttrain.base_model)::
+
+    local: the small DiffusionGemma of posttrain.base trained by dg_base (20 bytes per
+      parameter as above; tokens b s with b = posttrain.base.batch_size and
+      s = posttrain.max_context_tokens + posttrain.canvas_length; per layer and token
+      22 h + 3 I + 3 k_e I_e activation values, + 4 H s^2 per layer and sequence on the CPU;
+      h, I, k_e, I_e, H: hidden, intermediate, top_k_experts, moe_intermediate sizes, heads)
+    hub id naming its size (e.g. "...-26B-A4B-it"): that many parameters, frozen, at
+      posttrain.precision (2 bytes for bf16); activations are not estimated
+    anything else (a local directory): not estimated
+
+The machine: with runtime.device cpu (or auto without CUDA) the physical RAM, or the cgroup
+memory limit when lower, shared by runtime.nproc processes; with cuda / cuda:N (auto with
+CUDA) the total memory of that GPU, one process per GPU. Total, not currently free, memory:
+the check must give the same answer whatever else runs at the moment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from tadm.config import ModelConfig, Params
+from tadm.errors import ConfigError
+
+GIB = 1024 ** 3
+COND = 128  # tadm.models.dit.COND_DIM
+FREQ = 256  # tadm.models.dit.FREQ_DIM
+STATE_BYTES = 20  # fp32 weights + gradients + two AdamW moments + EMA copy
+LOGIT_COPIES = 3  # logits, log-softmax, its gradient
+
+
+@dataclass
+class Estimate:
+    """Bytes one training (or loading) process needs for one model."""
+
+    name: str  # "train tadm", "posttrain base"
+    parameters: int
+    state_bytes: int  # weights and everything kept per weight
+    activation_bytes: int
+    note: str = ""  # what the numbers stand for
+
+    @property
+    def total(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+
+def _block(d: int, m: int) -> int:
+    return (4 + 2 * m) * d * d + 6 * COND * d + (m + 9) * d
+
+
+def _head(d: int, v: int) -> int:
+    return d * v + v + 2 * COND * d + 3 * d
+
+
+_COND_PARAMS = FREQ * COND + COND * COND + 2 * COND
+
+
+def layers(kind: str, m: ModelConfig) -> int:
+    return m.mdlm_layers if kind in ("mdlm", "sedd", "ar") else m.anchor_layers + m.denoiser_layers
+
+
+def heads(kind: str) -> int:
+    return 2 if kind in ("tadm", "tadm_gamma0", "adlm") else 1
+
+
+def model_parameters(kind: str, m: ModelConfig, vocab_size: int) -> int:
+    """Parameter count of model `kind` (see the module docstring's formula)."""
+    d = m.d_model
+    v = vocab_size if kind == "ar" else vocab_size + 1
+    n = layers(kind, m)
+    body = v * d + n * _block(d, m.mlp_ratio)
+    if kind in ("mdlm", "sedd", "ar"):
+        return body + _head(d, v) + _COND_PARAMS
+    p = body + 2 * _head(d, v) + 2 * _COND_PARAMS
+    if kind == "adlm":
+        return p + v * d + d  # Linear(V', d) reading the anchor's logits
+    return p + 14 * d * d + 10 * d  # tadm, tadm_gamma0: the fusion
+
+
+def _activation_bytes(p: Params, on_gpu: bool) -> int:
+    return 2 if (on_gpu and p.train.precision == "bf16") else 4
+
+
+def training_estimate(kind: str, p: Params, on_gpu: bool = False) -> Estimate:
+    """Weights, gradients, AdamW, EMA and one micro-batch's activations of `kind`."""
+    m, v = p.model, p.tokenizer.vocab_size
+    params = model_parameters(kind, m, v)
+    a = _activation_bytes(p, on_gpu)
+    tokens = p.train.micro_batch * p.packing.seq_len
+    n = layers(kind, m)
+    per_token = n * (22 + 2 * m.mlp_ratio) * m.d_model + LOGIT_COPIES * heads(kind) * (v + 1)
+    attention = 0 if on_gpu else 4 * n * p.train.micro_batch * m.n_heads * p.packing.seq_len ** 2
+    return Estimate(f"train {kind}", params, STATE_BYTES * params, a * tokens * per_token + attention,
+                    f"d_model {m.d_model} x {n} layers, micro_batch {p.train.micro_batch} x seq_len {p.packing.seq_len}")
+
+
+def base_estimate(p: Params, on_gpu: bool = False) -> Optional[Estimate]:
+    """The post-training base (see the module docstring), or None when it cannot be told."""
+    pt = p.posttrain
+    if pt.base_model == "local":
+        b = pt.base
+        h, depth, v = b.hidden_size, pt.shared_layers + pt.anchor_layers + pt.denoiser_layers, p.tokenizer.vocab_size
+        attn = 2 * h * b.num_attention_heads * b.head_dim + 2 * h * b.num_key_value_heads * b.head_dim
+        mlp = 3 * h * b.intermediate_size + b.num_experts * 3 * h * b.moe_intermediate_size + h * b.num_experts
+        params = v * h + depth * (attn + mlp + 6 * h)
+        s = pt.max_context_tokens + pt.canvas_length
+        per_token = depth * (22 * h + 3 * b.intermediate_size + 3 * b.top_k_experts * b.moe_intermediate_size) + LOGIT_COPIES * v
+        a = 2 if (on_gpu and pt.precision == "bf16") else 4
+        attention = 0 if on_gpu else 4 * depth * b.batch_size * b.num_attention_heads * s * s
+        return Estimate("train posttrain base (dg_base)", params, STATE_BYTES * params, a * b.batch_size * s * per_token + attention,
+                        f"batch_size {b.batch_size} x {s} tokens")
+    size = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)[Bb](?![A-Za-z])", pt.base_model.split("/")[-1])
+    if size and not Path(pt.base_model).exists():
+        params = int(float(size.group(1)) * 1e9)
+        per = 2 if pt.precision == "bf16" else 4
+        return Estimate("load posttrain base", params, per * params, 0,
+                        f"{pt.base_model}, frozen at {pt.precision}; activations not estimated")
+    return None
+
+
+def _ram_bytes() -> int:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
+def machine_memory(p: Params) -> tuple[int, str, bool]:
+    """(bytes one process may use, what they are, on a GPU?) for runtime.device, resolved as
+    every stage resolves it (tadm.runtime; asking for an absent GPU is its one-line error)."""
+    import torch
+
+    from tadm import runtime
+
+    device = runtime.resolve_device(p.runtime.device)
+    if device.type != runtime.CPU.type:
+        props = torch.cuda.get_device_properties(device)
+        return props.total_memory, f"GPU memory ({device}, {props.name})", True
+    ram, nproc = _ram_bytes(), p.runtime.nproc
+    if nproc > 1:
+        return ram // nproc, f"RAM per process ({ram / GIB:.1f} GiB shared by runtime.nproc {nproc})", False
+    return ram, "RAM", False
+
+
+def estimates(p: Params, on_gpu: bool = False) -> list[Estimate]:
+    out = [training_estimate(kind, p, on_gpu) for kind in dict.fromkeys(p.train.models)]
+    base = base_estimate(p, on_gpu)
+    return out + ([base] if base is not None else [])
+
+
+def check_memory(p: Params, source: str = "params.yaml", available: Optional[int] = None,
+                 where: Optional[str] = None, on_gpu: Optional[bool] = None) -> list[Estimate]:
+    """Every estimate, or a one-line ConfigError naming the first that exceeds the machine
+    (`available` bytes; default: :func:`machine_memory`)."""
+    if available is None:
+        available, where, on_gpu = machine_memory(p)
+    where = where or "memory"
+    result = estimates(p, bool(on_gpu))
+    for e in result:
+        if e.total > available:
+            key = "posttrain.base" if "base" in e.name else "model"
+            parts = f"states {e.state_bytes / GIB:.1f} GiB"
+            if e.activation_bytes:
+                parts += f" + activations {e.activation_bytes / GIB:.1f} GiB ({e.note})"
+            raise ConfigError(key, f"{e.name} needs about {e.total / GIB:.1f} GiB ({e.parameters / 1e6:,.0f}M parameters: "
+                              f"{parts}) but the machine has {available / GIB:.1f} GiB of {where}; "
+                              "shrink the model, the batch or the sequence length", source)
+    return result

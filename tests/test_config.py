@@ -32,7 +32,9 @@ def test_paper_profile_carries_the_paper_settings():
     assert (p.model.d_model, p.model.n_heads, p.model.anchor_layers, p.model.denoiser_layers) == (768, 12, 12, 6)
     assert (p.train.steps, p.train.global_batch, p.train.lr, p.train.ema) == (1_000_000, 512, 3e-4, 0.9999)
     assert p.train.betas == [0.9, 0.999] and p.train.weight_decay == 0.0 and p.train.grad_clip == 1.0
-    assert p.sample.steps == [2048, 4096] and p.sample.num_samples == 5000
+    # every Table 2 budget T = 128 ... 4096 with its K = {2,2,2,8,4,4}
+    assert p.sample.steps == [128, 256, 512, 1024, 2048, 4096] and p.sample.num_samples == 5000
+    assert p.sample.refresh_every == [2, 2, 2, 8, 4, 4]
     assert (p.posttrain.shared_layers, p.posttrain.anchor_layers, p.posttrain.denoiser_layers) == (2, 20, 8)
     pt = p.posttrain
     assert (pt.fusion_rank, pt.gate_bias_init, pt.steps, pt.batch_size) == (256, -3.0, 18_750, 1)

@@ -170,11 +170,13 @@ class Scorer:
         from tadm.metrics.gen_ppl import gen_ppl_and_features
 
         batch, d = self.params.eval.batch_size, self.dist
+        length = self.params.sample.canvas_length  # MDLM retokenizes with max_length = model.length
         with d.autocast():
             if self.joint:
                 return gen_ppl_and_features(texts, self.evaluator, batch_size=batch, max_feature_tokens=MAUVE_MAX_TOKENS,
-                                            pooling=self.pooling, dist=d)
-            return gen_ppl(texts, self.evaluator, batch_size=batch, dist=d), self.featurizer.encode(texts, dist=d)
+                                            pooling=self.pooling, dist=d, max_length=length)
+            return (gen_ppl(texts, self.evaluator, batch_size=batch, max_length=length, dist=d),
+                    self.featurizer.encode(texts, dist=d))
 
     def _features(self, texts: list[str]) -> np.ndarray:
         if self.joint:

@@ -21,7 +21,8 @@ METRICS = ["mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"]
 # each metric's bootstrap uncertainty (tadm.metrics.bootstrap), shown as "value ± se" in Markdown
 SE = {"mauve": "mauve_se", "gen_ppl": "gen_ppl_se", "entropy": "entropy_se", "tokens_per_s": "tokens_per_s_se"}
 HEADERS = {"mauve": "MAUVE ↑", "gen_ppl": "Gen PPL ↓", "entropy": "Entropy", "layer_calls": "Compute (layer calls)",
-           "tokens_per_s": "Throughput (tok/s)", "compute_vs_mdlm": "Compute vs MDLM"}
+           "tokens_per_s": "Throughput (tok/s)", "compute_vs_mdlm": "Compute vs MDLM",
+           "throughput_vs_adlm": "Throughput vs ADLM"}
 
 
 def read_results(directory: str | Path) -> list[dict]:
@@ -45,13 +46,18 @@ def long_frame(results: list[dict]) -> pd.DataFrame:
 
 
 def table2_frame(results: list[dict]) -> pd.DataFrame:
-    """Table 2: rows in the paper's order, (metric, T) columns, compute also relative to MDLM."""
+    """Table 2: rows in the paper's order, (metric, T) columns, compute also relative to MDLM
+    and throughput relative to ADLM at the same T (the paper's normalisation: its 1.73x)."""
     df = long_frame(results)
     mdlm = df[df.row == "mdlm"].set_index("T")["layer_calls"]
     df["compute_vs_mdlm"] = [lc / mdlm[T] if lc is not None and T in mdlm.index else None
                              for lc, T in zip(df.layer_calls, df["T"])]
+    adlm = df[df.row == "adlm"].set_index("T")["tokens_per_s"]
+    df["throughput_vs_adlm"] = [v / adlm[T] if v is not None and not pd.isna(v) and T in adlm.index else None
+                                for v, T in zip(df.tokens_per_s, df["T"])]
     order = [r for r in ROWS if r in set(df.row)] + sorted(set(df.row) - set(ROWS))
-    wide = df.pivot(index="row", columns="T", values=METRICS + ["compute_vs_mdlm"] + [SE[k] for k in METRICS if k in SE])
+    wide = df.pivot(index="row", columns="T", values=METRICS + ["compute_vs_mdlm", "throughput_vs_adlm"]
+                    + [SE[k] for k in METRICS if k in SE])
     wide = wide.reindex(order)
     wide.index = [ROWS[r].label if r in ROWS else r for r in wide.index]
     wide.index.name = "Method"

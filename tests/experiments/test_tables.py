@@ -20,3 +20,15 @@ def test_markdown_cells_carry_their_uncertainty_and_csv_keeps_numbers(tmp_path):
     assert "0.651 ± 0.021" in (tmp_path / "t2.md").read_text()
     csv = pd.read_csv(tmp_path / "t2.csv", header=[0, 1], index_col=0)
     assert csv.loc["MDLM", ("mauve_se", "64")] == 0.0213
+
+
+def test_throughput_is_also_shown_relative_to_adlm_at_the_same_budget():
+    def row(name, tps):
+        return {"row": name, "label": name.upper(), "budgets": {str(T): {
+            "mauve": None, "gen_ppl": None, "entropy": None, "layer_calls": 1, "tokens_per_s": tps * T / 64,
+            "policy": None, "sampler": "mdlm"} for T in (64, 128)}}
+
+    wide = tables.table2_frame([row("adlm", 100.0), row("tadm", 173.0), row("data", float("nan"))])
+    assert wide.loc["ADLM", ("throughput_vs_adlm", 64)] == 1.0
+    assert abs(wide.loc["TADM‡ (γ=3e-3)", ("throughput_vs_adlm", 128)] - 1.73) < 1e-12
+    assert pd.isna(wide.loc["Data", ("throughput_vs_adlm", 64)])

@@ -85,13 +85,6 @@ def write_jsonl(path: str | Path, rows) -> int:
     return n
 
 
-def read_jsonl(path: str | Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
-
-
 def write_manifest(out_dir: str | Path, stage: str, counts: dict, params: dict | None = None,
                    files: list[str | Path] | None = None) -> dict:
     """Write ``<out_dir>/manifest.json``: stage name, counts, params and file hashes.
@@ -108,30 +101,132 @@ def write_manifest(out_dir: str | Path, stage: str, counts: dict, params: dict |
     return manifest
 
 
-def load_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
-    """The rows of a JSON-lines file; each must be an object holding the `required` keys.
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list",
+               dict: "an object", type(None): "null"}
 
-    Blank lines are skipped. Raises DataError naming the file (and line) when the file is
-    missing, empty, not JSON, or a row lacks a required key.
+
+def _type_name(t) -> str:
+    ts = t if isinstance(t, tuple) else (t,)
+    return " or ".join(_TYPE_NAMES.get(x, x.__name__) for x in ts)
+
+
+def _check_row(row: Any, schema, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    keys = schema if isinstance(schema, dict) else dict.fromkeys(schema)
+    missing = [k for k in keys if k not in row]
+    if missing:
+        raise DataError(f"{where}: missing field(s) {', '.join(map(repr, missing))}")
+    for k, t in keys.items():
+        if t is None:
+            continue
+        v = row[k]
+        ts = t if isinstance(t, tuple) else (t,)
+        ok = isinstance(v, ts) and not (isinstance(v, bool) and bool not in ts)  # JSON true is no number
+        if float in ts and isinstance(v, int) and not isinstance(v, bool):
+            ok = True
+        if not ok:
+            raise DataError(f"{where}: field {k!r} must be {_type_name(t)}, got {type(v).__name__} {str(v)[:40]!r}")
+    return row
+
+
+def read_jsonl(path: str | Path, schema=(), hint: str = "") -> Iterator[dict]:
+    """Stream the rows of a JSON-lines file, each checked as it is read.
+
+    Every row must be a JSON object holding the keys of `schema` (a tuple of keys, or a dict
+    key -> type or tuple of types, None for any type). Blank lines are skipped. A bad line
+    raises DataError ``FILE:LINE: what is wrong`` (then ``; hint`` when given, e.g. the stage to
+    rerun); a missing file ``FILE: file not found``.
     """
     path = Path(path).expanduser()
+    tail = f"; {hint}" if hint else ""
     if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+        raise DataError(f"{path}: file not found{tail}")
+    with open(path, "rb") as f:  # bytes: a decoding error is then placed on its line
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at column {e.start + 1}){tail}") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            missing = [k for k in required if k not in row]
-            if missing:
-                raise DataError(f"{path}:{lineno}: missing field(s) {', '.join(map(repr, missing))}")
-            rows.append(row)
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno}){tail}") from None
+            try:
+                row = _check_row(row, schema, f"{path}:{lineno}")
+            except DataError as e:
+                raise DataError(f"{e}{tail}") from None
+            yield row
+
+
+def load_jsonl(path: str | Path, required=()) -> list[dict]:
+    """The rows of a JSON-lines file (checked as by :func:`read_jsonl`); at least one.
+
+    Raises DataError naming the file (and line) when the file is missing, empty, not JSON, or
+    a row lacks a required key or holds one of the wrong type.
+    """
+    rows = list(read_jsonl(path, required))
     if not rows:
-        raise DataError(f"{path}: file holds no rows")
+        raise DataError(f"{Path(path).expanduser()}: file holds no rows")
     return rows
+
+
+# --------------------------------------------------------------------------- manifests on read
+
+
+def read_manifest(directory: str | Path, stage: str, hint: str) -> dict:
+    """``<directory>/manifest.json`` written by `stage`, checked for shape; `hint` says how to
+    make it (e.g. ``dvc repro pack``)."""
+    path = Path(directory) / "manifest.json"
+    if not path.is_file():
+        raise DataError(f"{path}: missing; {hint}")
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not valid JSON ({e}); {hint}") from None
+    if not isinstance(m, dict) or not all(isinstance(m.get(k), dict) for k in ("counts", "params", "sha256")):
+        raise DataError(f"{path}: not a stage manifest (needs objects counts, params, sha256); {hint}")
+    if m.get("stage") != stage:
+        raise DataError(f"{path}: written by stage {m.get('stage')!r}, expected {stage!r}; {hint}")
+    return m
+
+
+_HASHES: dict[tuple, str] = {}  # (path, size, mtime_ns, inode) -> sha256: each file hashed once per process
+
+
+def file_identity(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def cached_sha256(path: Path) -> str:
+    key = file_identity(path)
+    if key not in _HASHES:
+        _HASHES[key] = sha256_file(path)
+    return _HASHES[key]
+
+
+def check_hash(directory: Path, name: str, manifest: dict, hint: str, digest: str | None = None) -> None:
+    """File `name` under `directory` exists and its SHA-256 (`digest`, else computed once per
+    process) is the manifest's."""
+    path = Path(directory) / name
+    want = manifest["sha256"].get(name)
+    if want is None:
+        raise DataError(f"{path}: not listed in {Path(directory) / 'manifest.json'}; {hint}")
+    if not path.is_file():
+        raise DataError(f"{path}: missing (listed in {Path(directory) / 'manifest.json'}); {hint}")
+    got = digest if digest is not None else cached_sha256(path)
+    if got != want:
+        raise DataError(f"{path}: sha256 differs from manifest.json (file changed since the "
+                        f"{manifest['stage']} stage wrote it); {hint}")
+
+
+def check_jsonl_input(path: str | Path, stage: str, hint: str) -> Path:
+    """A stage's JSON-lines input checked against the manifest of the stage that wrote it (the
+    manifest in the same directory): listed, present, same SHA-256."""
+    path = Path(path).expanduser()
+    m = read_manifest(path.parent, stage, hint)
+    check_hash(path.parent, path.name, m, hint)
+    return path

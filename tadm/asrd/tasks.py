@@ -31,7 +31,8 @@ import torch
 from tadm.runtime import CPU
 from tadm.data import arithmetic
 from tadm.errors import ConfigError, DataError
-from tadm.io import atomic_write_text, read_jsonl, write_manifest
+from tadm.data.sft import sft_rows
+from tadm.io import atomic_write_text, write_manifest
 
 TASKS = ("arithmetic", "spelling")
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -92,7 +93,7 @@ def arithmetic_sets(sft_dir: str | Path, limit: int = 0) -> tuple[TaskSet, TaskS
         path = Path(sft_dir) / f"{split}.jsonl"
         if not path.is_file():
             raise DataError(f"{path} is missing: run the sft stage first (dvc repro sft)")
-        rows = [r for r in read_jsonl(path) if r.get("source") == "arithmetic"]
+        rows = sft_rows(sft_dir, split, "arithmetic")
         if not rows:
             raise DataError(f"{path}: holds no arithmetic problems (sft.arithmetic_examples is 0?)")
         if split == "validation" and limit:

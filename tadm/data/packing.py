@@ -10,6 +10,7 @@ shards of shape (n, L) (uint16 when the vocabulary fits, else uint32) that
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -19,9 +20,11 @@ from tqdm import tqdm
 
 from tadm.config import PackingConfig
 from tadm.errors import DataError
-from tadm.io import atomic_path, read_jsonl, write_manifest
+from tadm.io import CHUNK, atomic_path, check_jsonl_input, file_identity, read_jsonl, read_manifest, write_manifest
 
 SPLITS = ("train", "validation")
+PACK_HINT = "rerun dvc repro pack"
+CORPUS_HINT = "rerun dvc repro corpus"
 TOKENIZE_BATCH = 256
 
 
@@ -77,7 +80,8 @@ def build(cfg: PackingConfig, corpus_dir: str | Path, tokenizer, out_dir: str | 
         src = corpus_dir / f"{split}.jsonl"
         if not src.is_file():
             raise DataError(f"corpus file {src} is missing: run the corpus stage first")
-        texts = (row["text"] for row in tqdm(read_jsonl(src), desc=f"pack[{split}]", unit="doc"))
+        check_jsonl_input(src, "corpus", CORPUS_HINT)
+        texts = (row["text"] for row in tqdm(read_jsonl(src, {"text": str}, CORPUS_HINT), desc=f"pack[{split}]", unit="doc"))
         seqs = wrap(tokenize_docs(texts, tokenizer), cfg.seq_len, bos, eos)
         counts[split] = write_shards(seqs, out_dir / split, cfg.seq_len, cfg.shard_sequences, dtype)
         if counts[split]["sequences"] == 0:
@@ -86,16 +90,129 @@ def build(cfg: PackingConfig, corpus_dir: str | Path, tokenizer, out_dir: str | 
     return write_manifest(out_dir, "pack", counts, dataclasses.asdict(cfg))
 
 
+@dataclasses.dataclass(frozen=True)
+class _ShardScan:
+    sha256: str
+    dtype: np.dtype
+    shape: tuple
+    max_id: int
+    min_id: int
+
+
+_SCANS: dict[tuple, _ShardScan] = {}  # file identity -> scan: each shard read once per process
+
+
+def _scan_shard(path: Path) -> _ShardScan:
+    """One streaming pass over a ``.npy`` shard: its SHA-256 and, from the same bytes, its
+    header (dtype, shape) and largest token id. Raises DataError on a damaged file."""
+    key = file_identity(path)
+    if key in _SCANS:
+        return _SCANS[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _fortran, dtype = read_header(f)
+        except (ValueError, OSError, SyntaxError) as e:
+            raise DataError(f"{path}: not a .npy array ({str(e).splitlines()[0] if str(e) else 'bad header'}); {PACK_HINT}") from None
+        offset = f.tell()
+        if dtype.hasobject or dtype.kind not in "ui":
+            raise DataError(f"{path}: holds {dtype} values, not token ids; {PACK_HINT}")
+        want = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = path.stat().st_size
+        if size != want:
+            what = "cut short" if size < want else "longer than its header says"
+            raise DataError(f"{path}: {what}: {size} bytes, its header {shape} {dtype} needs {want}; {PACK_HINT}")
+        f.seek(0)
+        h.update(f.read(offset))
+        top, bottom = -1, 0
+        while block := f.read(CHUNK - CHUNK % dtype.itemsize):
+            h.update(block)
+            ids = np.frombuffer(block, dtype=dtype)
+            top = max(top, int(ids.max()))
+            if dtype.kind == "i":  # signed ids could be negative
+                bottom = min(bottom, int(ids.min()))
+    _SCANS[key] = _ShardScan(h.hexdigest(), dtype, tuple(shape), top, bottom)
+    return _SCANS[key]
+
+
+def _count(counts: dict, key: str, where: Path):
+    if key not in counts:
+        raise DataError(f"{where}: counts has no {key!r}; {PACK_HINT}")
+    return counts[key]
+
+
+def check_tokenizer_vocab(data_dir: Path, vocab_size: int) -> None:
+    """The pack manifest's vocab_size is the tokenizer's, when the tokenizer stage's manifest
+    sits beside the packed data (``data/tokenizer``)."""
+    tok = data_dir.parent / "tokenizer" / "manifest.json"
+    if tok.is_file():
+        theirs = read_manifest(tok.parent, "tokenizer", "rerun dvc repro tokenizer")["counts"].get("vocab_size")
+        if theirs != vocab_size:
+            raise DataError(f"{data_dir / 'manifest.json'}: packed with vocab_size {vocab_size}, but the tokenizer "
+                            f"{tok.parent} has {theirs}; {PACK_HINT}")
+
+
+def verify_split(split_dir: str | Path) -> tuple[list[Path], dict]:
+    """Check one packed split against the pack stage's manifest (``<split_dir>/../manifest.json``).
+
+    Every shard the manifest lists exists, no other file sits in the split, each shard's
+    SHA-256, dtype, shape (n, seq_len) and row total match the manifest, and every token id
+    lies in [0, vocab_size) -- the mask id (= vocab_size) and anything above are refused.
+    One streaming read per shard per process. Returns (shard paths, manifest counts).
+    """
+    split_dir = Path(split_dir)
+    data_dir, split = split_dir.parent, split_dir.name
+    m = read_manifest(data_dir, "pack", PACK_HINT)
+    where = data_dir / "manifest.json"
+    counts = m["counts"]
+    seq_len, vocab = int(_count(counts, "seq_len", where)), int(_count(counts, "vocab_size", where))
+    dtype = np.dtype(_count(counts, "dtype", where))
+    check_tokenizer_vocab(data_dir, vocab)
+    c = _count(counts, split, where)
+    listed = sorted(name for name in m["sha256"] if name.startswith(f"{split}/"))
+    if not listed or len(listed) != c.get("shards"):
+        raise DataError(f"{where}: lists {len(listed)} {split} shards, its counts say {c.get('shards')}; {PACK_HINT}")
+    if not split_dir.is_dir():
+        raise DataError(f"{split_dir}: missing (the pack manifest lists {len(listed)} shards); {PACK_HINT}")
+    on_disk = {f"{split}/{f.name}" for f in split_dir.iterdir() if not f.name.startswith(".")}
+    extra = sorted(on_disk - set(listed))
+    if extra:
+        raise DataError(f"{data_dir / extra[0]}: not listed in {where} (a shard added since the pack stage); {PACK_HINT}")
+    paths, rows = [], 0
+    for name in listed:
+        path = data_dir / name
+        if not path.is_file():
+            raise DataError(f"{path}: missing (listed in {where}); {PACK_HINT}")
+        scan = _scan_shard(path)
+        if scan.dtype != dtype:
+            raise DataError(f"{path}: dtype {scan.dtype}, manifest.json says {dtype}; {PACK_HINT}")
+        if len(scan.shape) != 2 or scan.shape[1] != seq_len:
+            raise DataError(f"{path}: shape {scan.shape}, manifest.json says (n, seq_len = {seq_len}); {PACK_HINT}")
+        if scan.sha256 != m["sha256"][name]:
+            raise DataError(f"{path}: sha256 differs from manifest.json (file changed since the pack stage wrote it); {PACK_HINT}")
+        if scan.min_id < 0:
+            raise DataError(f"{path}: holds token id {scan.min_id} (ids must lie in [0, vocab_size = {vocab})); {PACK_HINT}")
+        if scan.max_id >= vocab:
+            what = f"the mask id {vocab}" if scan.max_id == vocab else f"token id {scan.max_id}, above the vocabulary"
+            raise DataError(f"{path}: holds {what} (ids must lie in [0, vocab_size = {vocab})); {PACK_HINT}")
+        paths.append(path)
+        rows += scan.shape[0]
+    if rows != c.get("sequences"):
+        raise DataError(f"{split_dir}: {rows} sequences, manifest.json says {c.get('sequences')}; {PACK_HINT}")
+    return paths, counts
+
+
 class PackedTokens:
-    """Read-only, memory-mapped view of one packed split: ``len()`` sequences of length L."""
+    """Read-only, memory-mapped view of one packed split: ``len()`` sequences of length L.
+
+    Opening it checks the split against its manifest (:func:`verify_split`)."""
 
     def __init__(self, split_dir: str | Path):
-        split_dir = Path(split_dir)
-        files = sorted(split_dir.glob("shard_*.npy"))
-        if not files:
-            raise DataError(f"no token shards in {split_dir}: run the pack stage first")
+        files, counts = verify_split(split_dir)
         self.shards = [np.load(f, mmap_mode="r", allow_pickle=False) for f in files]
-        self.seq_len = self.shards[0].shape[1]
+        self.seq_len, self.vocab_size = int(counts["seq_len"]), int(counts["vocab_size"])
         self._ends = np.cumsum([len(s) for s in self.shards])
 
     def __len__(self) -> int:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from tadm.config import HubSftSource, Params, SftConfig
 from tadm.data import arithmetic
 from tadm.errors import DataError
-from tadm.io import atomic_path, write_jsonl, write_manifest
+from tadm.io import atomic_path, check_hash, check_jsonl_input, read_jsonl, read_manifest, write_jsonl, write_manifest
 
 SPLITS = ("train", "validation")
 CHAMP_VERSION = "v0"
@@ -367,3 +367,68 @@ def build(params: Params, tokenizer, out_dir: Path) -> dict:
         files += [out_dir / f"{name}.jsonl"] + [out_dir / f"{name}_{k}.npy" for k in ("tokens", "offsets", "canvases")]
         counts[name] = _counts(rows, arrays)
     return write_manifest(out_dir, "sft", counts=counts, params=dataclasses.asdict(cfg), files=files)
+
+
+# --------------------------------------------------------------------------- reading, checked
+
+SFT_HINT = "rerun dvc repro sft"
+ROW_SCHEMA = {"id": str, "source": str, "category": str, "prompt": str, "response": str}
+ARITHMETIC_SCHEMA = {**ROW_SCHEMA, "answer": str}
+
+
+def sft_rows(sft_dir: str | Path, split: str, source: str | None = None) -> list[dict]:
+    """The text examples of one split (``<split>.jsonl``), checked against the sft manifest
+    (listed, same SHA-256) and line by line (each a JSON object with the example fields);
+    only those of `source` when given (arithmetic rows must also hold their ``answer``)."""
+    path = Path(sft_dir) / f"{split}.jsonl"
+    check_jsonl_input(path, "sft", SFT_HINT)
+    rows = [r for r in read_jsonl(path, ROW_SCHEMA, SFT_HINT) if source is None or r["source"] == source]
+    if source == "arithmetic":
+        for r in rows:
+            if not isinstance(r.get("answer"), str):
+                raise DataError(f"{path}: arithmetic example {r['id']!r} has no string field 'answer'; {SFT_HINT}")
+    return rows
+
+
+def load_split_arrays(sft_dir: str | Path, split: str) -> tuple[dict, SftArrays]:
+    """The token arrays of one split, memory-mapped, after checking them against the sft
+    manifest: each file listed with the same SHA-256, dtypes, sizes equal to the counts,
+    offsets inside the token array, canvases naming existing examples, and every token id in
+    [0, vocab_size). Returns (manifest, arrays)."""
+    sft_dir = Path(sft_dir)
+    m = read_manifest(sft_dir, "sft", SFT_HINT)
+    counts = m["counts"].get(split)
+    vocab = m["counts"].get("vocab_size")
+    if not isinstance(counts, dict) or not isinstance(vocab, int):
+        raise DataError(f"{sft_dir / 'manifest.json'}: no counts for split {split!r} or no vocab_size; {SFT_HINT}")
+    arrays = {}
+    for kind, want_len in (("tokens", "tokens"), ("offsets", "examples"), ("canvases", "canvases")):
+        name = f"{split}_{kind}.npy"
+        check_hash(sft_dir, name, m, SFT_HINT)
+        path = sft_dir / name
+        try:
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise DataError(f"{path}: not a readable .npy array ({str(e).splitlines()[0]}); {SFT_HINT}") from None
+        if a.ndim != 1 or len(a) != counts.get(want_len):
+            raise DataError(f"{path}: shape {a.shape}, manifest.json says ({counts.get(want_len)},); {SFT_HINT}")
+        arrays[kind] = a
+    tokens, offsets, canvases = arrays["tokens"], arrays["offsets"], arrays["canvases"]
+    where = lambda kind: sft_dir / f"{split}_{kind}.npy"  # noqa: E731
+    if tokens.dtype.kind not in "ui":
+        raise DataError(f"{where('tokens')}: dtype {tokens.dtype}, not token ids; {SFT_HINT}")
+    if offsets.dtype != OFFSET_DTYPE or canvases.dtype != CANVAS_DTYPE:
+        bad = "offsets" if offsets.dtype != OFFSET_DTYPE else "canvases"
+        raise DataError(f"{where(bad)}: dtype {arrays[bad].dtype}, expected {OFFSET_DTYPE if bad == 'offsets' else CANVAS_DTYPE}; {SFT_HINT}")
+    if len(tokens):
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
+            what = f"the mask id {vocab}" if bad == vocab else f"token id {bad}, outside the vocabulary"
+            raise DataError(f"{where('tokens')}: holds {what} (ids must lie in [0, vocab_size = {vocab})); {SFT_HINT}")
+    ends = offsets["start"].astype(np.int64) + offsets["prompt_len"] + offsets["response_len"]
+    if len(offsets) and (int(offsets["start"].min()) < 0 or int(ends.max()) > len(tokens)):
+        raise DataError(f"{where('offsets')}: an example lies outside {where('tokens').name} ({len(tokens)} tokens); {SFT_HINT}")
+    if len(canvases) and (int(canvases["example"].min()) < 0 or int(canvases["example"].max()) >= len(offsets)):
+        raise DataError(f"{where('canvases')}: a canvas names an example outside 0..{len(offsets) - 1}; {SFT_HINT}")
+    return m, SftArrays(tokens=tokens, offsets=offsets, canvases=canvases)

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from tadm.config import TokenizerConfig
 from tadm.errors import DataError
-from tadm.io import atomic_path, read_jsonl, write_manifest
+from tadm.io import atomic_path, check_jsonl_input, read_jsonl, write_manifest
 
 EOS = "<|endoftext|>"
 
@@ -72,7 +72,8 @@ def corpus_texts(corpus_dir: Path) -> Iterator[str]:
     path = Path(corpus_dir) / "train.jsonl"
     if not path.is_file():
         raise DataError(f"corpus file {path} is missing: run the corpus stage first (dvc repro corpus)")
-    for row in read_jsonl(path):
+    check_jsonl_input(path, "corpus", "rerun dvc repro corpus")
+    for row in read_jsonl(path, {"text": str}, "rerun dvc repro corpus"):
         yield row["text"]
 
 

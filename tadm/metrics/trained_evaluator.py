@@ -27,7 +27,6 @@ stage, refuses checkpoints of other settings, and writes the model directory ato
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 from pathlib import Path
@@ -38,9 +37,9 @@ from tqdm import tqdm
 
 from tadm import runtime
 from tadm.config import Params
-from tadm.data.packing import PackedTokens
+from tadm.data.packing import PACK_HINT, PackedTokens
 from tadm.errors import DataError
-from tadm.io import atomic_path, atomic_write_json, sha256_file
+from tadm.io import read_manifest, atomic_path, atomic_write_json, sha256_file
 
 TRAINED = "trained"
 MODEL_DIR = Path("models/evaluator")
@@ -110,9 +109,7 @@ def train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool = False,
 
     d = runtime.setup(p.runtime)
     manifest = data_dir / "manifest.json"
-    if not manifest.is_file():
-        raise DataError(f"{manifest} is missing: run the data stages first (dvc repro pack)")
-    meta = json.loads(manifest.read_text())["counts"]
+    meta = read_manifest(data_dir, "pack", PACK_HINT)["counts"]
     tokenizer = load_tokenizer(tokenizer_dir)
     train_data, valid = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
     c = p.eval.trained

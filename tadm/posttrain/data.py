@@ -12,7 +12,6 @@ Contexts are left-padded to the longest in the batch with a mask, as ``generate`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 
 from tadm.runtime import CPU
 from tadm.errors import ConfigError, DataError
-from tadm.io import read_jsonl
+from tadm.data.sft import load_split_arrays, sft_rows
 
 
 @dataclass
@@ -46,14 +45,11 @@ class SftCanvases:
 
     def __init__(self, sft_dir: str | Path, split: str, canvas_length: int, max_context: int, pad_id: int):
         sft_dir = Path(sft_dir)
-        manifest = sft_dir / "manifest.json"
-        if not manifest.is_file():
-            raise DataError(f"{manifest} is missing: run the sft stage first (dvc repro sft)")
-        stored = json.loads(manifest.read_text())["params"]["canvas_length"]
+        m, arrays = load_split_arrays(sft_dir, split)  # checked against the sft manifest
+        stored = m["params"].get("canvas_length")
         if stored != canvas_length:
             raise ConfigError("posttrain.canvas_length", f"must equal the SFT canvases' length sft.canvas_length ({stored}), got {canvas_length}")
-        load = lambda kind: np.load(sft_dir / f"{split}_{kind}.npy", mmap_mode="r", allow_pickle=False)  # noqa: E731
-        self.tokens, self.offsets, self.canvases = load("tokens"), load("offsets"), load("canvases")
+        self.tokens, self.offsets, self.canvases = arrays.tokens, arrays.offsets, arrays.canvases
         self.canvas_length, self.max_context, self.pad_id = canvas_length, max_context, pad_id
 
     def __len__(self) -> int:
@@ -103,7 +99,7 @@ def arithmetic_eval_set(sft_dir: str | Path, limit: int = 0) -> list[dict]:
     path = Path(sft_dir) / "validation.jsonl"
     if not path.is_file():
         raise DataError(f"{path} is missing: run the sft stage first (dvc repro sft)")
-    rows = [r for r in read_jsonl(path) if r.get("source") == "arithmetic"]
+    rows = sft_rows(sft_dir, "validation", "arithmetic")
     if not rows:
         raise DataError(f"{path}: holds no arithmetic problems (sft.arithmetic_examples is 0?)")
     return rows[:limit] if limit else rows

@@ -31,7 +31,6 @@ import csv
 import dataclasses
 import hashlib
 import io
-import json
 import math
 import time
 from contextlib import nullcontext
@@ -43,9 +42,9 @@ from tqdm import tqdm
 
 from tadm import runtime
 from tadm.config import Params
-from tadm.data.packing import PackedTokens
-from tadm.errors import ConfigError, DataError, TadmError
-from tadm.io import atomic_write_json, atomic_write_text, sha256_file
+from tadm.data.packing import PACK_HINT, PackedTokens
+from tadm.errors import ConfigError, TadmError
+from tadm.io import read_manifest, atomic_write_json, atomic_write_text, sha256_file
 from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
 from tadm.train import checkpoint
 from tadm.train.methods import Method, get_method
@@ -262,9 +261,7 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
         raise ConfigError("train.global_batch", f"global_batch/micro_batch = {n_micro} micro-batches must divide among {d.world} processes")
 
     manifest = data_dir / "manifest.json"
-    if not manifest.is_file():
-        raise DataError(f"{manifest} is missing: run the data stages first (dvc repro pack)")
-    meta = json.loads(manifest.read_text())["counts"]
+    meta = read_manifest(data_dir, "pack", PACK_HINT)["counts"]
     train_data, valid_data = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
     vocab, seq_len = meta["vocab_size"], meta["seq_len"]
 

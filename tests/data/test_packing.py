@@ -6,7 +6,7 @@ import pytest
 from tadm.config import PackingConfig
 from tadm.data import packing
 from tadm.data.tokenizer import build_gpt2
-from tadm.io import write_jsonl
+from tadm.io import write_jsonl, write_manifest
 
 
 def test_wrap_against_the_closed_form():
@@ -24,6 +24,7 @@ def test_build_writes_shards_that_read_back(tmp_path):
     docs = [f"Document {i}: " + "the quick brown fox jumps over the lazy dog. " * (i + 1) for i in range(30)]
     write_jsonl(tmp_path / "corpus" / "train.jsonl", ({"text": d} for d in docs[:25]))
     write_jsonl(tmp_path / "corpus" / "validation.jsonl", ({"text": d} for d in docs[25:]))
+    write_manifest(tmp_path / "corpus", "corpus", {})
     m = packing.build(PackingConfig(seq_len=16, shard_sequences=10), tmp_path / "corpus", tok, tmp_path / "packed")
 
     expected = []
@@ -57,7 +58,10 @@ def test_unigram_entropy_is_the_entropy_of_the_token_counts(tmp_path):
 
     from tadm.data.packing import PackedTokens
 
-    np.save(tmp_path / "shard_00000.npy", np.array([[0, 1], [0, 2]], dtype=np.uint16))
-    np.save(tmp_path / "shard_00001.npy", np.array([[0, 1], [0, 2]], dtype=np.uint16))
-    h = PackedTokens(tmp_path).unigram_entropy()
+    (tmp_path / "train").mkdir()
+    np.save(tmp_path / "train" / "shard_00000.npy", np.array([[0, 1], [0, 2]], dtype=np.uint16))
+    np.save(tmp_path / "train" / "shard_00001.npy", np.array([[0, 1], [0, 2]], dtype=np.uint16))
+    write_manifest(tmp_path, "pack", {"seq_len": 2, "dtype": "uint16", "vocab_size": 3,
+                                      "train": {"sequences": 4, "shards": 2}})
+    h = PackedTokens(tmp_path / "train").unigram_entropy()
     assert math.isclose(h, -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25)), rel_tol=1e-12)

@@ -5,7 +5,7 @@ import pytest
 from tadm.config import TokenizerConfig
 from tadm.data import tokenizer as tk
 from tadm.errors import DataError
-from tadm.io import write_jsonl
+from tadm.io import write_jsonl, write_manifest
 
 TEXTS = [
     "Hello world",
@@ -44,6 +44,7 @@ def _corpus(tmp_path):
 
     docs = list(shakespeare_documents())[:40]
     write_jsonl(tmp_path / "corpus" / "train.jsonl", ({"text": d} for d in docs))
+    write_manifest(tmp_path / "corpus", "corpus", {})
     return tmp_path / "corpus"
 
 

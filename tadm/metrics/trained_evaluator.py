@@ -102,12 +102,21 @@ def word_shuffled(texts: list[str], seed: int) -> list[str]:
 
 
 def train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool = False, log=print) -> dict:
-    """Train the evaluator (resuming), save it to models/evaluator, measure its sanity checks."""
+    """Train the evaluator (resuming), save it to models/evaluator, measure its sanity checks.
+    The run holds its checkpoint directory's lock throughout (a second run is refused)."""
+    from tadm.train.trainer import hold_run
+
+    d = runtime.setup(p.runtime)
+    with hold_run(CHECKPOINTS, d, "python -m tadm evaluator"):
+        return _train(p, data_dir, tokenizer_dir, restart, log, d)
+
+
+def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d: runtime.Dist) -> dict:
+    """:func:`train`'s body, run under the lock of its checkpoint directory."""
     from tadm.data.tokenizer import load_tokenizer
     from tadm.train import checkpoint
     from tadm.train.trainer import GlobalBatches, _seed, adamw, resume_state
 
-    d = runtime.setup(p.runtime)
     manifest = data_dir / "manifest.json"
     meta = read_manifest(data_dir, "pack", PACK_HINT)["counts"]
     tokenizer = load_tokenizer(tokenizer_dir)

@@ -42,7 +42,7 @@ from tadm.posttrain.data import SftCanvases
 from tadm.posttrain.objective import Rollout, base_loss, posttrain_loss
 from tadm.runtime import Dist, all_mean
 from tadm.train import checkpoint
-from tadm.train.trainer import GlobalBatches, _seed, adamw, resume_state, wrap
+from tadm.train.trainer import GlobalBatches, _seed, adamw, hold_run, resume_state, wrap
 
 SFT_DIR = Path("data/sft")
 # code a checkpoint depends on (a change refuses to resume it): the base's run and the fusion's
@@ -95,7 +95,20 @@ def _loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps: int, 
     step's global batch (batch * micro * world indices of the seeded data order) and draws
     from a generator seeded by (seed, step, j). `settings` define the run (a checkpoint of other
     settings is refused); `restart` moves old checkpoints aside; `compile` -> torch.compile of
-    the trained module's forward; `command` is named in errors as the one to rerun."""
+    the trained module's forward; `command` is named in errors as the one to rerun. The run
+    holds `run_dir`'s lock throughout (a second run on it is refused, naming this one)."""
+    with hold_run(run_dir, d, command):
+        return _locked_loop(name, module, loss_fn, steps=steps, batch=batch, micro=micro, n_data=n_data, lr_at=lr_at,
+                            opt=opt, clip=clip, run_dir=run_dir, settings=settings, seed=seed, log_every=log_every,
+                            checkpoint_every=checkpoint_every, d=d, log=log, restart=restart, compile=compile,
+                            command=command)
+
+
+def _locked_loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps: int, batch: int, micro: int,
+                 n_data: int, lr_at: Callable[[int], float], opt: torch.optim.Optimizer, clip: float, run_dir: Path,
+                 settings: dict[str, Any], seed: int, log_every: int, checkpoint_every: int, d: Dist, log=print,
+                 restart: bool = False, compile: bool = False, command: str | None = None) -> list[dict]:
+    """:func:`_loop`'s body, run under the lock of `run_dir`."""
     params = {n: p for n, p in module.named_parameters() if p.requires_grad}
     names = list(params)
     quiet = log if d.main else (lambda *_: None)

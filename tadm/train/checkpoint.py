@@ -7,13 +7,25 @@ Layout of a run directory (``checkpoints/<run>/``)::
       ema.safetensors     the EMA weights
       optimizer.safetensors  AdamW moments, flattened as "<param name>.<state key>"
       state.json          step, the run's settings and their fingerprint, optimizer scalars,
-                          SHA-256 of the files
+                          SHA-256 of the files, and ``state_sha256``: the SHA-256 of every
+                          other field of state.json itself
     latest                name of the newest complete checkpoint (atomically replaced)
+    run.lock              who trains into this directory now (pid, host, since, command)
 
 A checkpoint is only ever visible under its final name once every file is written and hashed,
 so a kill during a write leaves at most a temporary directory that is ignored. Loading checks
-every hash; a corrupted or truncated checkpoint is refused and the previous one is used.
-Nothing is unpickled: tensors go through safetensors, everything else through JSON.
+every hash -- the weight files' and state.json's own (its step, optimizer scalars, history,
+settings: an edited field fails it), and the step against the directory's name; a corrupted,
+truncated, edited or malformed checkpoint is refused (one line naming the file) and the
+previous one is used. When checkpoints exist and none of them verifies, the run is refused
+rather than started fresh over them. Nothing is unpickled: tensors go through safetensors,
+everything else through JSON. (The hashes detect damage and edits, not forgery: whoever can
+write the directory can recompute them.)
+
+One run at a time: :class:`RunLock` takes an exclusive ``flock`` on ``run.lock`` for the
+whole run; a second process on the same directory is refused with :class:`RunLocked`, one
+line naming the holder. The kernel drops the lock when its holder dies, so a lock file left by
+a killed run does not block the next one.
 
 Settings: each checkpoint records the settings that define its run's objective (a flat
 mapping, e.g. ``train.lr``) and their fingerprint. A run whose settings differ is refused with
@@ -28,10 +40,14 @@ and the loops move them where they belong (``load_state_dict`` copies into the m
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +60,7 @@ from tadm.io import atomic_path, atomic_write_text, sha256_file
 from tadm.runtime import host
 
 FILES = ("model.safetensors", "ema.safetensors", "optimizer.safetensors")
+LOCK = "run.lock"
 
 
 class CheckpointCorrupt(TadmError):
@@ -52,6 +69,89 @@ class CheckpointCorrupt(TadmError):
 
 class SettingsChanged(TadmError):
     """The run directory holds checkpoints trained with other settings (refused, kept)."""
+
+
+class RunLocked(TadmError):
+    """Another process trains into this run directory now."""
+
+
+_HELD: dict[Path, "RunLock"] = {}  # run directories this process holds (move_aside follows them)
+
+
+class RunLock:
+    """An exclusive, non-blocking ``flock`` on ``<run_dir>/run.lock``, held from
+    :meth:`acquire` (or ``with``) to :meth:`release`; the file records the holder (pid, host,
+    start time, command). A second holder -- another process, or another open of this one --
+    gets :class:`RunLocked` naming the first. The kernel releases the lock when the holding
+    process exits, however it exits, so a stale lock file never blocks."""
+
+    def __init__(self, run_dir: Path, command: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.command = command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        self.fd: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / LOCK
+
+    def _open_locked(self) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # BlockingIOError: held elsewhere
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunLocked(f"{self.run_dir} is in use by {holder}; lock file {self.path}: wait for that run to "
+                            f"end or stop it (two runs must not share a checkpoint directory)") from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info, sort_keys=True) + "\n").encode(), 0)
+        os.fsync(fd)
+        return fd
+
+    def acquire(self) -> "RunLock":
+        if self.fd is None:
+            self.fd = self._open_locked()
+            _HELD[self.run_dir.resolve()] = self
+        return self
+
+    def moved(self) -> None:
+        """The locked directory was renamed away (``move_aside``): lock the fresh one at the
+        old path, then let go of the moved one (its lock file is emptied, not deleted)."""
+        old, self.fd = self.fd, None
+        try:
+            self.fd = self._open_locked()
+        finally:
+            if old is not None:
+                os.ftruncate(old, 0)
+                os.close(old)
+
+    def release(self) -> None:
+        if _HELD.get(self.run_dir.resolve()) is self:
+            del _HELD[self.run_dir.resolve()]
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            try:
+                os.ftruncate(fd, 0)  # the holder is gone: no stale name left behind
+            finally:
+                os.close(fd)  # closing the last descriptor drops the flock
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock, from its file (written right after the lock is taken)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode())
+        return f"pid {info['pid']} on {info['host']} since {info['since']} (`{info['command']}`)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process (its details are not written yet)"
 
 
 @dataclass
@@ -119,6 +219,8 @@ def save(run_dir: Path, state: TrainState, param_names: list[str], keep: int = 2
             "extra": state.extra,
             "sha256": {f: sha256_file(tmp / f) for f in FILES},
         }
+        meta = json.loads(json.dumps(meta))  # as it will read back (tuples -> lists)
+        meta["state_sha256"] = _state_hash(meta)
         (tmp / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     atomic_write_text(run_dir / "latest", name + "\n")
     for old in sorted(run_dir.glob("step_*"))[:-keep]:
@@ -183,11 +285,37 @@ def changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
+def _state_hash(meta: dict) -> str:
+    """SHA-256 of every field of state.json but ``state_sha256`` itself (canonical JSON)."""
+    body = {k: v for k, v in meta.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def _read_meta(ckpt_dir: Path) -> dict:
+    """state.json of a checkpoint, parsed, typed and verified against its own hash; any defect
+    is a one-line :class:`CheckpointCorrupt` naming the file."""
+    path = Path(ckpt_dir) / "state.json"
     try:
-        return json.loads((Path(ckpt_dir) / "state.json").read_text())
+        meta = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointCorrupt(f"{ckpt_dir}: unreadable state.json ({type(e).__name__})") from None
+        raise CheckpointCorrupt(f"{path}: unreadable ({type(e).__name__})") from None
+    kinds = {"step": int, "optimizer": dict, "extra": dict, "sha256": dict, "state_sha256": str}
+    if not isinstance(meta, dict):
+        raise CheckpointCorrupt(f"{path}: malformed (a JSON object expected, found {type(meta).__name__})")
+    for key, kind in kinds.items():
+        if key not in meta:
+            what = " (written before state.json was hashed)" if key == "state_sha256" else ""
+            raise CheckpointCorrupt(f"{path}: malformed ({key!r} missing{what})")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise CheckpointCorrupt(f"{path}: malformed ({key!r} is {type(meta[key]).__name__}, not {kind.__name__})")
+    if meta["state_sha256"] != _state_hash(meta):
+        raise CheckpointCorrupt(f"{path}: does not match its recorded hash (state_sha256): edited or damaged")
+    if Path(ckpt_dir).name.startswith("step_") and _step_of(Path(ckpt_dir)) != meta["step"]:
+        raise CheckpointCorrupt(f"{path}: step {meta['step']} does not match the directory's name")
+    opt = meta["optimizer"]
+    if not isinstance(opt.get("param_groups"), list) or not isinstance(opt.get("scalars"), dict):
+        raise CheckpointCorrupt(f"{path}: malformed ('optimizer' lacks param_groups / scalars)")
+    return meta
 
 
 def load_latest(run_dir: Path, param_names: list[str], settings: dict[str, Any] | str, log=print,
@@ -197,10 +325,11 @@ def load_latest(run_dir: Path, param_names: list[str], settings: dict[str, Any] 
     changed keys and how to start over (`restart`: the command that does), and is kept."""
     run_dir = Path(run_dir)
     fp = settings if isinstance(settings, str) else fingerprint(settings)
+    refused = []
     for ckpt in candidates(run_dir):
         try:
             meta = _read_meta(ckpt)
-            extra = meta.get("extra", {}) if isinstance(meta, dict) else {}
+            extra = meta["extra"]
             if extra.get("fingerprint") != fp:
                 if isinstance(settings, dict) and isinstance(extra.get("settings"), dict):
                     keys = changed(extra["settings"], settings)
@@ -213,8 +342,12 @@ def load_latest(run_dir: Path, param_names: list[str], settings: dict[str, Any] 
             state = load(ckpt, param_names)
         except CheckpointCorrupt as e:
             log(f"skipping checkpoint: {e}")
+            refused.append(ckpt.name)
             continue
         return state
+    if refused:  # starting fresh would overwrite them: refuse, keep them
+        raise CheckpointCorrupt(f"{run_dir}: no checkpoint verifies ({', '.join(refused)}: see the lines above); "
+                                f"start over with {restart} (moves {run_dir.name}/ aside, deletes nothing)")
     return None
 
 
@@ -230,13 +363,21 @@ def move_aside(run_dir: Path) -> Path | None:
     step; ``-2``, ``-3``... appended if taken) so that the run starts fresh. Nothing is
     deleted. Returns the new path, or None when there was nothing to move."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+    if not run_dir.is_dir() or not any(p.name != LOCK for p in run_dir.iterdir()):
         return None
-    found = candidates(run_dir)
-    base = run_dir.with_name(f"{run_dir.name}.old-{_step_of(found[0]) if found else 0}")
-    dest, n = base, 1
-    while dest.exists():
-        n += 1
-        dest = base.with_name(f"{base.name}-{n}")
-    os.replace(run_dir, dest)
+    held = _HELD.get(run_dir.resolve())
+    lock = held or RunLock(run_dir, "move_aside").acquire()  # never move a directory another run holds
+    try:
+        found = candidates(run_dir)
+        base = run_dir.with_name(f"{run_dir.name}.old-{_step_of(found[0]) if found else 0}")
+        dest, n = base, 1
+        while dest.exists():
+            n += 1
+            dest = base.with_name(f"{base.name}-{n}")
+        os.replace(run_dir, dest)
+        if held is not None:
+            held.moved()  # keep holding the run's directory, now fresh
+    finally:
+        if held is None:
+            lock.release()
     return dest

@@ -82,6 +82,14 @@ def wrap(model: torch.nn.Module, d: Dist, compile: bool = False) -> tuple[torch.
     return ddp, (torch.compile(ddp) if compile else ddp)
 
 
+def hold_run(run_dir: Path, d: Dist, command: str | None = None):
+    """The lock on a run's checkpoint directory for the whole run, shared by every training
+    loop (``with hold_run(...)``): the main process takes it (:class:`checkpoint.RunLock`; a
+    second run on the directory is refused with a one-line :class:`checkpoint.RunLocked`
+    naming the holder); the other processes of a torchrun job are covered by it."""
+    return checkpoint.RunLock(run_dir, command) if d.main else nullcontext()
+
+
 def resume_state(run_dir: Path, names: list[str], settings: dict, *, steps: int, steps_key: str, restart: bool,
                  hint: str, d: Dist, log=print) -> checkpoint.TrainState | None:
     """The checkpoint a run continues from (None: start fresh), shared by every training loop.
@@ -252,8 +260,15 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     """Train run `name` (one of train.models) to train.steps; resume if interrupted.
 
     `restart`: move the run's checkpoints aside (``checkpoints/<name>.old-<step>``) and start
-    fresh instead of resuming."""
+    fresh instead of resuming. The run holds its checkpoint directory's lock throughout
+    (:func:`hold_run`): a second run on it is refused."""
     d = runtime.setup(p.runtime)
+    with hold_run(RunPaths.for_run(name, root).checkpoints, d, f"python -m tadm train {name}"):
+        return _train(name, p, d, data_dir, root, log, restart)
+
+
+def _train(name: str, p: Params, d: Dist, data_dir: Path, root: Path, log, restart: bool) -> dict:
+    """:func:`train`'s body, run under the lock of the run's directory."""
     method = get_method(name, p)
     paths = RunPaths.for_run(name, root)
     n_micro = p.train.global_batch // p.train.micro_batch

@@ -160,6 +160,20 @@ def test_loop_refuses_other_settings_and_restart_moves_them_aside(tmp_path):
     assert (tmp_path / "run" / "latest").read_text().strip() == "step_000002"
 
 
+def test_loop_holds_its_run_directory_and_lets_go_after_an_error(tmp_path):
+    """The post-train and ASRD loop takes the same run lock as the trainer."""
+    _run(tmp_path / "run", 2)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with ck.RunLock(tmp_path / "run", "the first run"):
+        with pytest.raises(ck.RunLocked, match=r"in use by pid \d+ .*the first run.*run\.lock"):
+            _run(tmp_path / "run", 4)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    with pytest.raises(ck.SettingsChanged):
+        _run(tmp_path / "run", 4, {"lr": 0.2})
+    _run(tmp_path / "run", 4)  # the refused run let go of the lock
+    assert (tmp_path / "run" / "latest").read_text().strip() == "step_000004"
+
+
 @pytest.mark.parametrize("world, accum", [(2, 2), (4, 1)])
 def test_a_global_batch_is_the_same_examples_and_draws_for_any_number_of_processes(world, accum):
     """N processes x grad_accum G split what 1 process does with grad_accum N x G: the same

@@ -85,7 +85,8 @@ def test_a_kill_during_the_write_leaves_no_visible_checkpoint(tmp_path, monkeypa
 
 
 def _files(d):
-    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    """The checkpoint files (the run's lock file, run.lock, is not one: move_aside takes the lock)."""
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file() and p.name != ck.LOCK}
 
 
 def test_a_checkpoint_of_other_settings_is_refused_naming_them_and_kept(tmp_path):

@@ -264,11 +264,16 @@ def check_hf_directory(directory: str | Path, what: str, dtype_bytes: int = 4, d
     shape = header.shapes[embeddings[0]]
     if len(shape) != 2 or shape[0] != vocab:
         raise DataError(f"{where}: {vkey} = {vocab} but {embeddings[0]} in {weights.name} is {shape}")
-    if shape[1] != hidden:
-        raise DataError(f"{where}: {hkey} = {hidden} but {embeddings[0]} in {weights.name} is {shape}")
+    ekey, edim = _first(text, ("embedding_size", "word_embed_proj_dim"))  # ALBERT / OPT: embeddings narrower
+    if ekey is not None:
+        edim = bounded(edim, ekey, "hidden", where)
+    else:
+        ekey, edim = hkey, hidden
+    if shape[1] != edim:
+        raise DataError(f"{where}: {ekey} = {edim} but {embeddings[0]} in {weights.name} is {shape}")
     stacks = layer_counts(header.shapes)
-    if not stacks:
-        raise DataError(f"{what}: {weights} has no numbered layers (…layers.N. / h.N. / layer.N.)")
+    # every text layer stack found (…layers.N. / h.N. / layer.N. / blocks.N.) holds exactly 0..layers-1;
+    # a layout with none of these is bounded by the parameter count below only
     check_layers({prefix: layers for prefix in stacks}, header, f"{where}: {lkey}")
     # a lower bound on what the config implies: the embedding and one hidden x hidden matrix per layer
     implied = vocab * hidden + layers * hidden * hidden

@@ -245,8 +245,6 @@ def test_load_evaluator_refuses_a_bad_local_directory_before_building(gpt2_dir, 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", never)
     assert "n_layer = 100000" in _refused(lambda: load_evaluator(str(bad)))
     assert "n_layer = 100000" in _refused(lambda: load_featurizer(str(bad)))
-    weights = bad / "model.safetensors"
-    weights.write_bytes(b"\x00" * 3)
     _hf_edit(gpt2_dir, tmp_path / "garbage")
     (tmp_path / "garbage" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
     assert "header is not JSON" in _refused(lambda: load_evaluator(str(tmp_path / "garbage")))

@@ -6,7 +6,9 @@ A checkpoint is a directory with two files:
     model.safetensors  the state dict (every tensor, strict names)
 
 ``model.save_pretrained(dir)`` writes both (each atomically, weights first); ``load_pretrained(dir)``
-rebuilds the right class from config.json and loads the weights strictly. Loading is all or
+rebuilds the right class from config.json and loads the weights strictly. Before any tensor is
+read or any module allocated, config.json's sizes are bounded and cross-checked against the
+safetensors header(s) (``check_checkpoint``, `tadm.weights_header`). Loading is all or
 nothing: every tensor name and shape is checked *before* a single weight is copied, so a bad
 checkpoint raises :class:`CheckpointError` (one line naming the culprit) and leaves the model
 exactly as it was.

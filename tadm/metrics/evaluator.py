@@ -114,6 +114,10 @@ def load_evaluator(name: str = SMOLLM2, cache_dir: str | Path | None = None,
     else:
         local = Path(name).expanduser()
         source, where = ("local", str(local)) if local.exists() else ("hub", name)
+    if source != "hub":  # a local directory: bound config.json against the weights' header before building
+        from tadm.weights_header import check_hf_directory
+
+        check_hf_directory(where, f"evaluator {name!r}", dtype.itemsize)  # read on the host first
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)

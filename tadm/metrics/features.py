@@ -186,17 +186,22 @@ def load_featurizer(name: str, device: str | torch.device | None = None, dtype: 
     directory (see the module docstring). `device` None: where ``from_pretrained`` puts it."""
     from transformers import AutoModel, AutoTokenizer
 
+    from tadm.weights_header import check_hf_directory
+
     if not isinstance(name, str) or not name:
         raise DataError(f"featurizer: expected 'smollm2', 'minilm', a hub id or a model directory, got {name!r}")
     if name == SMOLLM2:
         from tadm.metrics.evaluator import smollm2_cache
 
         path, _ = smollm2_cache(cache_dir)
+        check_hf_directory(path, f"featurizer {name!r}", dtype.itemsize)  # read on the host first
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = _to(AutoModel.from_pretrained(str(path), dtype=dtype), device)
         return CausalMeanPooled(model, tokenizer, MAUVE_MAX_TOKENS, batch_size=batch_size, progress=progress)
     path = minilm_dir() if name == MINILM else Path(name).expanduser()
     source = str(path) if path.exists() else name
+    if path.exists():  # a local directory: bound config.json against the weights' header before building
+        check_hf_directory(path, f"featurizer {name!r}", dtype.itemsize)  # read on the host first
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = _to(AutoModel.from_pretrained(source, dtype=dtype), device)

@@ -70,6 +70,10 @@ def load_base(source: str | Path, precision: str = "fp32", device: str | torch.d
     if (str(source).startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
         raise DataError(f"{local}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro dg_base)")
     device = torch.device(device)
+    if local.exists():  # bound config.json against the weights' header before building
+        from tadm.weights_header import check_hf_directory
+
+        check_hf_directory(local, f"posttrain base {str(source)!r}", DTYPES[precision].itemsize, device)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(local) if local.exists() else str(source),
                                                             dtype=DTYPES[precision], low_cpu_mem_usage=True,
                                                             device_map={"": device})

@@ -355,7 +355,7 @@ def test_config_json_mismatching_weights_is_refused(tmp_path):
     config = json.loads((ckpt / "config.json").read_text())
     config["model"]["d_model"] = 64
     (ckpt / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"embed.weight: checkpoint \(51, 32\) vs model \(51, 64\)"):
+    with pytest.raises(CheckpointError, match=r"model.d_model = 64 but embed.weight is \(51, 32\)"):
         load_pretrained(ckpt)
 
 

@@ -88,19 +88,9 @@ def peak_flops(device: torch.device, override: float | None) -> float | None:
 
 def write_packed(root: Path, vocab: int, seq_len: int, n_train: int, n_valid: int) -> Path:
     """Random token shards in the pack stage's layout (shards + manifest.json)."""
-    from tadm.data.packing import token_dtype
-    from tadm.io import write_manifest
+    from tadm.data.packing import write_random
 
-    out = root / "packed"
-    rng = np.random.default_rng(0)
-    dtype = token_dtype(vocab)
-    for split, n in (("train", n_train), ("validation", n_valid)):
-        (out / split).mkdir(parents=True, exist_ok=True)
-        np.save(out / split / "shard_00000.npy", rng.integers(0, vocab - 1, (n, seq_len)).astype(dtype))
-    counts = {"train": {"sequences": n_train}, "validation": {"sequences": n_valid}, "seq_len": seq_len,
-              "dtype": np.dtype(dtype).name, "vocab_size": vocab, "bos_id": vocab - 1, "eos_id": vocab - 1}
-    write_manifest(out, "pack", counts, {"seq_len": seq_len, "synthetic": True})
-    return out
+    return write_random(root / "packed", vocab, seq_len, {"train": n_train, "validation": n_valid})
 
 
 def step_flops(method, model, x: torch.Tensor, device: torch.device) -> float:

@@ -113,6 +113,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def device_free_bytes(device) -> tuple[bool, int | None]:
+    """(whether `device` holds its own memory, its free bytes): a CUDA device -> (True, free
+    bytes); the meta device -> (True, None: nothing to check); anything else (the CPU) ->
+    (False, None): the host's memory applies."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return True, int(torch.cuda.mem_get_info(dev)[0])
+    return dev.type == "meta", None
+
+
 def host(t: torch.Tensor) -> torch.Tensor:
     """A tensor's values on the host (for saving, numpy, JSON)."""
     return t.detach().to(CPU)

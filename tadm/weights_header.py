@@ -188,16 +188,15 @@ def check_layers(stacks: dict[str, int], header: Header, where: str, error: type
 
 def available_bytes(device=None) -> int | None:
     """Free memory where a model will live (a CUDA device's free memory, else the host's MemAvailable)."""
-    try:
-        import torch
+    if device is not None:
+        try:
+            from tadm.runtime import device_free_bytes
 
-        dev = torch.device(device) if device is not None else None
-        if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
-            return int(torch.cuda.mem_get_info(dev)[0])
-        if dev is not None and dev.type == "meta":
+            own, free = device_free_bytes(device)
+            if own:
+                return free
+        except Exception:  # noqa: BLE001 - an unknown device: no memory check
             return None
-    except Exception:  # noqa: BLE001 - an unknown device: no memory check
-        return None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):

@@ -21,7 +21,7 @@ def test_count_at_the_paper_profile_prints_the_paper_numbers(tmp_path):
 def test_train_without_data_is_one_line(tmp_path):
     out = _run("--params", str(config.PARAMS_FILE), "train", "mdlm", "--data", str(tmp_path / "nothing"), cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().count("\n") == 0 and "run the data stages first" in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "manifest.json: missing; rerun dvc repro pack" in out.stderr
 
 
 def test_missing_params_file_is_one_line(tmp_path):

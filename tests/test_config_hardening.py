@@ -252,7 +252,20 @@ raw["packing"]["seq_len"] = seq
 raw["train"].update(micro_batch=batch, global_batch=batch)
 p = config.from_dict(raw)
 x = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+import os, threading
+PAGE = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+# the peak resident size above the footprint before the model exists, sampled every millisecond
+# (ru_maxrss would also count a transient peak of the imports before `before`)
+before, high, done = rss(), [0], threading.Event()
+def poll():
+    while not done.is_set():
+        high[0] = max(high[0], rss())
+        done.wait(0.001)
+watcher = threading.Thread(target=poll, daemon=True)
+watcher.start()
 method = get_method(kind, p)
 model = method.build_model(vocab, seq)
 ema = EMA(model, p.train.ema)
@@ -263,7 +276,9 @@ for _ in range(2):  # two steps: the AdamW moments exist from the first
     opt.step()
     opt.zero_grad(set_to_none=True)
     ema.update(model)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+done.set()
+watcher.join()
+peak = max(high[0], rss()) - before
 print(json.dumps({"estimate": training_estimate(kind, p).total, "peak": peak}))
 """
 

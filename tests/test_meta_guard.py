@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from tadm import config
-from tadm.io import write_manifest
 
 CPU = torch.device("cpu")
 
@@ -31,15 +30,9 @@ def _params(**changes) -> config.Params:
 
 
 def _packed(root, vocab: int, seq_len: int):
-    out = root / "packed"
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 32), ("validation", 4)):
-        (out / split).mkdir(parents=True)
-        np.save(out / split / "shard_00000.npy", rng.integers(0, vocab - 1, (n, seq_len)).astype(np.uint16))
-    counts = {"train": {"sequences": 32}, "validation": {"sequences": 4}, "seq_len": seq_len, "dtype": "uint16",
-              "vocab_size": vocab, "bos_id": vocab - 1, "eos_id": vocab - 1}
-    write_manifest(out, "pack", counts, {"seq_len": seq_len})
-    return out
+    from tadm.data.packing import write_random
+
+    return write_random(root / "packed", vocab, seq_len, {"train": 32, "validation": 4})
 
 
 @pytest.mark.parametrize("run", ["mdlm", "tadm"])

@@ -69,6 +69,17 @@ def write_shards(seqs: Iterable[np.ndarray], out_dir: Path, seq_len: int, shard_
     return {"sequences": n_seq, "tokens": n_seq * seq_len, "shards": len(shards)}
 
 
+def write_random(out_dir: str | Path, vocab: int, seq_len: int, sizes: dict[str, int], seed: int = 0) -> Path:
+    """Random token sequences in the pack stage's layout (shards + a manifest that verifies),
+    ids in [0, vocab - 1), BOS = EOS = vocab - 1: synthetic data for benchmarks and tests."""
+    out_dir, rng, dtype = Path(out_dir), np.random.default_rng(seed), token_dtype(vocab)
+    counts = {split: write_shards(iter(rng.integers(0, vocab - 1, (n, seq_len))), out_dir / split, seq_len, max(n, 1),
+                                  dtype) for split, n in sizes.items()}
+    counts.update(seq_len=seq_len, dtype=np.dtype(dtype).name, vocab_size=vocab, bos_id=vocab - 1, eos_id=vocab - 1)
+    write_manifest(out_dir, "pack", counts, {"seq_len": seq_len, "synthetic": True})
+    return out_dir
+
+
 def build(cfg: PackingConfig, corpus_dir: str | Path, tokenizer, out_dir: str | Path) -> dict:
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id

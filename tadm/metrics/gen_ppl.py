@@ -87,8 +87,8 @@ def _score_batch(model, rows: list[list[int]], eos_id: int, context_length: int,
     tokens pooled (`pooling`), taken from the first chunk's pass (W <= context length)."""
     device = next(model.parameters()).device
     tokens, mask = pad_batch(rows, eos_id)
-    nll = torch.zeros(len(rows), dtype=torch.float64)
-    count = torch.zeros(len(rows), dtype=torch.long)
+    nll = torch.zeros(len(rows), dtype=torch.float64, device=CPU)
+    count = torch.zeros(len(rows), dtype=torch.long, device=CPU)
     pooled = None
     for k, (chunk, chunk_mask) in enumerate(zip(tokens.split(context_length, -1), mask.split(context_length, -1))):
         if chunk.shape[1] < 2 and not (k == 0 and feature_width):

@@ -263,6 +263,10 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     fresh instead of resuming. The run holds its checkpoint directory's lock throughout
     (:func:`hold_run`): a second run on it is refused."""
     d = runtime.setup(p.runtime)
+    # the data is checked against its manifest before the run directory is touched (nothing is
+    # written, not even the lock, for data that does not match; the checks are cached per process)
+    read_manifest(data_dir, "pack", PACK_HINT)
+    PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
     with hold_run(RunPaths.for_run(name, root).checkpoints, d, f"python -m tadm train {name}"):
         return _train(name, p, d, data_dir, root, log, restart)
 

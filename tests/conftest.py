@@ -59,15 +59,22 @@ def write_params(path: Path, raw: dict) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def micro_packed(tmp_path_factory) -> Path:
-    """Packed token shards of the micro profile (corpus -> BPE -> pack), built once."""
+def build_micro_data(root: Path, shard_sequences: int | None = None) -> Path:
+    """The micro profile's data stages (corpus -> BPE -> pack) under `root`; returns root/packed.
+    `shard_sequences` overrides packing.shard_sequences (several small shards)."""
     from tadm import config
     from tadm.data import corpus, packing, tokenizer
 
     p = config.from_dict(micro_raw())
-    root = tmp_path_factory.mktemp("micro_data")
     corpus.build(p.corpus, root / "corpus")
     tokenizer.build(p.tokenizer, root / "corpus", root / "tokenizer")
-    packing.build(p.packing, root / "corpus", tokenizer.load_tokenizer(root / "tokenizer"), root / "packed")
+    cfg = p.packing if shard_sequences is None else type(p.packing)(seq_len=p.packing.seq_len,
+                                                                     shard_sequences=shard_sequences)
+    packing.build(cfg, root / "corpus", tokenizer.load_tokenizer(root / "tokenizer"), root / "packed")
     return root / "packed"
+
+
+@pytest.fixture(scope="session")
+def micro_packed(tmp_path_factory) -> Path:
+    """Packed token shards of the micro profile (corpus -> BPE -> pack), built once."""
+    return build_micro_data(tmp_path_factory.mktemp("micro_data"))

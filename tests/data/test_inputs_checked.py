@@ -18,7 +18,7 @@ from tadm.data import packing, sft
 from tadm.data.packing import PackedTokens
 from tadm.errors import DataError, TadmError
 from tadm.io import load_jsonl, read_jsonl, sha256_file, write_manifest
-from tests.conftest import micro_raw, write_params
+from tests.conftest import build_micro_data, micro_raw, write_params
 
 # --------------------------------------------------------------------------- JSON lines
 
@@ -156,14 +156,8 @@ BAD = [edited, truncated, deleted, extra, mask_id, above_vocab, wrong_seq_len, w
 @pytest.fixture(scope="module")
 def small_packed(tmp_path_factory) -> Path:
     """A packed dir with several small shards (shard_sequences 4) and a tokenizer beside it."""
-    from tadm.data import corpus, tokenizer
-
-    p = config.from_dict(micro_raw())
     root = tmp_path_factory.mktemp("small_packed")
-    corpus.build(p.corpus, root / "corpus")
-    tokenizer.build(p.tokenizer, root / "corpus", root / "tokenizer")
-    cfg = type(p.packing)(seq_len=p.packing.seq_len, shard_sequences=4)
-    packing.build(cfg, root / "corpus", tokenizer.load_tokenizer(root / "tokenizer"), root / "packed")
+    build_micro_data(root, shard_sequences=4)
     return root
 
 
@@ -264,9 +258,7 @@ def _sft_tokens(d: Path, value: int) -> str:
     a = np.load(d / "train_tokens.npy")
     a[3] = value
     np.save(d / "train_tokens.npy", a)
-    m = _manifest(d)
-    m["sha256"]["train_tokens.npy"] = sha256_file(d / "train_tokens.npy")
-    _rewrite_manifest(d, m)
+    _rehash(d, "train_tokens.npy")
     return "train_tokens.npy: holds"
 
 
@@ -294,9 +286,7 @@ def sft_jsonl_line(d: Path) -> str:
     lines = (d / "train.jsonl").read_text().splitlines(keepends=True)
     lines[1] = lines[1].replace('"prompt"', '"prompts"')
     (d / "train.jsonl").write_text("".join(lines))
-    m = _manifest(d)
-    m["sha256"]["train.jsonl"] = sha256_file(d / "train.jsonl")
-    _rewrite_manifest(d, m)
+    _rehash(d, "train.jsonl")
     return "train.jsonl:2: missing field(s) 'prompt'"
 
 

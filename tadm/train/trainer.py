@@ -262,6 +262,7 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     `restart`: move the run's checkpoints aside (``checkpoints/<name>.old-<step>``) and start
     fresh instead of resuming. The run holds its checkpoint directory's lock throughout
     (:func:`hold_run`): a second run on it is refused."""
+    get_method(name, p)  # an unknown run name fails before anything else is read
     d = runtime.setup(p.runtime)
     # the data is checked against its manifest before the run directory is touched (nothing is
     # written, not even the lock, for data that does not match; the checks are cached per process)

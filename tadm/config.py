@@ -334,6 +334,16 @@ class AsrdConfig:
     warmup_steps: int = spec(100, ge=0)
     checkpoint_every: int = spec(500, ge=1)
     log_every: int = spec(50, ge=1)
+    # LLaDA (the seed paper's model family, tadm.models.llada; tadm.asrd.llada): a hub id or a
+    # local directory of LLaDA's released config.json + safetensors + tokenizer; "" = not run
+    llada_model: str = ""
+    llada_tasks: list[Literal["gsm8k", "humaneval"]] = spec(["gsm8k", "humaneval"], nonempty=True)
+    llada_gen_tokens: int = spec(256, ge=1)  # generated positions after the chat-templated prompt
+    llada_block_size: int = spec(32, ge=1)  # semi-AR block of the LLaDA runs
+    llada_steps: int = spec(256, ge=1)  # over the generated positions
+    llada_eval_examples: int = spec(0, ge=0)  # per task; 0 = all
+    llada_batch_size: int = spec(8, ge=1)
+    llada_precision: Literal["fp32", "bf16"] = "bf16"
 
 
 @dataclass
@@ -617,6 +627,10 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.spelling_eval", f"must be below spelling_max ({c.spelling_max}), got {c.spelling_eval}", src)
         if c.t_off >= c.t_on:
             raise ConfigError(f"{p}.t_off", f"must be < t_on ({c.t_on}), got {c.t_off}", src)
+        if c.llada_gen_tokens % c.llada_block_size:
+            raise ConfigError(f"{p}.llada_gen_tokens", f"must be a multiple of llada_block_size ({c.llada_block_size}), got {c.llada_gen_tokens}", src)
+        if c.llada_steps % (c.llada_gen_tokens // c.llada_block_size):
+            raise ConfigError(f"{p}.llada_steps", f"must divide evenly over the {c.llada_gen_tokens // c.llada_block_size} blocks, got {c.llada_steps}", src)
 
     @staticmethod
     def Params(c: Params, p: str, src: str) -> None:

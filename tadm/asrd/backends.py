@@ -17,6 +17,10 @@ embeddings into next-state logits, and counts what that cost:
   Uniform-state: an undecided position holds a fresh uniform random token each pass, and the
   model predicts every position (`reads_decided` True). The prompt is encoded once per batch
   (`set_context`) into the encoder cache the canvas decoder reads; no self-conditioning.
+- `LladaBackend`: LLaDA (`tadm.models.llada`, e.g. the released LLaDA-8B-Instruct), the seed
+  paper's own model family. Absorbing-state like MDLM: undecided positions hold LLaDA's mask
+  token (126336 in the release), the whole network runs every pass, no anchor. The mask token is
+  a row of LLaDA's vocabulary, so its logit is set to -inf (it is never chosen as a token).
 
 Verification passes (``generation=False``) never refresh an anchor: they re-read the step's
 canvas, so on a time-anchored model they cost only the light part of the network.
@@ -201,3 +205,40 @@ class DiffusionGemmaBackend(Backend):
         self._advance(refreshed, generation)
         self.counters.layer_calls += s + d + (a if refreshed else 0)
         return split.denoise(h, self._inputs)[..., : self.vocab_size].float()
+
+
+class LladaBackend(Backend):
+    """LLaDA (`tadm.models.llada.LladaModel`): one full bidirectional pass per call, the prompt
+    in the canvas; `refresh_every` must be 1 (no anchor to reuse)."""
+
+    reads_decided = False  # LLaDA is trained to predict masked positions only
+
+    def __init__(self, model, refresh_every: int = 1):
+        super().__init__(refresh_every)
+        if getattr(model, "model_type", None) != "llada":
+            raise ConfigError("asrd model", f"LladaBackend runs a LLaDA model, got {type(model).__name__}")
+        if refresh_every != 1:
+            raise ConfigError("asrd.refresh_every", f"LLaDA has no anchor to reuse; refresh_every must be 1, got {refresh_every}")
+        self.model = model.eval()
+        self.mask_id, self.vocab_size = model.mask_id, model.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.model.embed(ids)
+
+    def fill(self, z: Tensor, undecided: Tensor, generator: torch.Generator) -> Tensor:
+        return z.masked_fill(undecided, self.mask_id)
+
+    @torch.no_grad()
+    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+        e = self.model.embed(ids)
+        if delta is not None:
+            e = e + delta.to(e.dtype)
+        out = self.model(inputs_embeds=e).float()
+        out[..., self.mask_id] = float("-inf")
+        self._advance(False, generation)
+        self.counters.layer_calls += self.model.n_layers
+        return out

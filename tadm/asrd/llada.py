@@ -1,0 +1,158 @@
+"""ASRD on LLaDA, the seed paper's own model family: GSM8K and HumanEval (paper profile).
+
+`LladaRunner` has the interface of the comparison's runners (`tadm.asrd.compare`: ``name``,
+``backend(refresh_every)``, ``run(backend, task, settings, tally)``), so every decoding method
+of the comparison runs on LLaDA unchanged:
+
+- the model: ``asrd.llada_model`` (a hub id -- the paper profile: GSAI-ML/LLaDA-8B-Instruct --
+  or a local directory of the release's files), loaded by `tadm.models.llada.load_llada` (no
+  remote code, no pickle) in ``asrd.llada_precision`` on the runtime's device;
+- the prompt: each benchmark prompt (`tadm.tasks.suite`: GSM8K 5-shot, HumanEval 0-shot) as
+  one user turn of LLaDA-Instruct's chat template (the tokenizer's own, assistant header
+  appended), followed by ``asrd.llada_gen_tokens`` positions to generate, as in LLaDA's
+  ``generate``;
+- a batch: prompts of different lengths are left-padded with the EOS / pad token to the
+  longest in the batch so the generated span starts at one position. LLaDA's released network
+  has no padding mask (it attends to everything), so padded rows see the pad tokens; with
+  ``asrd.llada_batch_size: 1`` every prompt is decoded exactly as the release's ``generate``
+  would see it;
+- a completion: the generated tokens up to the first EOS or end-of-turn token, decoded
+  without special tokens, scored by the benchmark's scorer.
+
+`llada_plan` lists what the comparison runs on LLaDA: (task name, task, runner, variants).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from tadm import runtime
+from tadm.asrd.backends import Backend, LladaBackend
+from tadm.asrd.compare import Tally, _Batches, variants
+from tadm.asrd.decode import DecodeSettings, decode
+from tadm.config import Params
+from tadm.errors import DataError
+
+END_OF_TURN = "<|eot_id|>"  # LLaDA-Instruct's end of an assistant turn (besides EOS)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class BenchmarkTask:
+    """A benchmark as the comparison's runners read it: prompts and a scorer by index."""
+
+    name: str
+    prompts: list[str]
+    scorer: Callable[[int, str], bool]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def score(self, i: int, text: str) -> bool:
+        return bool(self.scorer(i, text))
+
+
+def benchmark_tasks(p: Params, unsafe_host_execution: bool = False) -> dict[str, BenchmarkTask]:
+    """``asrd.llada_tasks`` from the paper's benchmark suite (sources: posttrain.task_sources,
+    GSM8K's default sft.gsm8k), the first ``asrd.llada_eval_examples`` of each (0: all)."""
+    from tadm.tasks.suite import build_task
+
+    out = {}
+    for name in p.asrd.llada_tasks:
+        source = p.posttrain.task_sources.get(name) or (p.sft.gsm8k if name == "gsm8k" else None)
+        prompts, score = build_task(name, source, limit=p.asrd.llada_eval_examples,
+                                    unsafe_host_execution=unsafe_host_execution)
+        out[name] = BenchmarkTask(name, prompts, score)
+    return out
+
+
+class LladaRunner(_Batches):
+    """LLaDA on a benchmark: chat-templated prompt + generated span in one canvas."""
+
+    name = "llada"
+
+    def __init__(self, p: Params, dist: runtime.Dist | None = None, model=None, tokenizer=None):
+        from tadm.models import llada
+
+        self.dist = dist or runtime.setup(p.runtime)
+        self.batch, self.gen = p.asrd.llada_batch_size, p.asrd.llada_gen_tokens
+        if model is None or tokenizer is None:
+            if not p.asrd.llada_model:
+                raise DataError("asrd.llada_model is empty: name LLaDA's hub id or a local directory to run it")
+            directory = llada.resolve_source(p.asrd.llada_model)
+            if model is None:
+                model = llada.load_llada(directory, self.dist.device, DTYPES[p.asrd.llada_precision])
+            if tokenizer is None:
+                tokenizer = llada.load_llada_tokenizer(directory)
+        self.model, self.tok = model, tokenizer
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.cfg.eos_token_id
+        if eos is None:
+            raise DataError("LLaDA tokenizer: has no EOS token (needed to end and pad completions)")
+        self.eos = int(eos)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.cfg.pad_token_id
+        self.pad = self.eos if pad is None else int(pad)
+        eot = tokenizer.convert_tokens_to_ids(END_OF_TURN) if END_OF_TURN in tokenizer.get_vocab() else None
+        self.stops = {self.eos} | ({int(eot)} if eot is not None else set())
+
+    def backend(self, refresh_every: int) -> Backend:
+        return LladaBackend(self.model, refresh_every)
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(canvas (B, P + G) long, region (P + G,) bool): left-padded chat prompts, then the
+        G = asrd.llada_gen_tokens positions to generate (the mask token)."""
+        from tadm.models.llada import chat_ids
+
+        ids = [chat_ids(self.tok, text) for text in prompts]
+        width = max(len(i) for i in ids)
+        limit = self.model.cfg.max_sequence_length
+        if width + self.gen > limit:
+            raise DataError(f"LLaDA: a prompt of {width} tokens + {self.gen} generated exceeds max_sequence_length {limit}")
+        canvas = torch.full((len(ids), width + self.gen), self.model.mask_id, dtype=torch.long, device=runtime.CPU)
+        for row, seq in enumerate(ids):
+            canvas[row, : width - len(seq)] = self.pad
+            canvas[row, width - len(seq): width] = torch.tensor(seq, dtype=torch.long)
+        region = torch.zeros(width + self.gen, dtype=torch.bool, device=runtime.CPU)
+        region[width:] = True
+        return canvas, region
+
+    def completions(self, tokens: torch.Tensor, region: torch.Tensor) -> list[str]:
+        """The generated span of each row, up to the first EOS / end-of-turn, as text."""
+        texts = []
+        for row in runtime.host(tokens)[:, runtime.host(region)].tolist():
+            cut = next((i for i, t in enumerate(row) if t in self.stops), len(row))
+            texts.append(self.tok.decode(row[:cut], skip_special_tokens=True))
+        return texts
+
+    def run(self, backend: Backend, task: BenchmarkTask, settings: DecodeSettings, tally: Tally) -> float:
+        """Accuracy (%) of `settings` on `task`; counters, time and examples go to `tally`,
+        batches split over the processes of the runner's dist."""
+
+        def decode_batch(lo: int):
+            canvas, region = self.encode(task.prompts[lo: lo + self.batch])
+            r = decode(backend, canvas, region, settings)
+            return r, self.completions(r.tokens, region), len(canvas) * self.gen
+
+        return self._run_batches(task, tally, decode_batch)
+
+
+def llada_variants(p: Params) -> list:
+    """The comparison's methods (`tadm.asrd.compare.variants`) at LLaDA's steps and block size."""
+    a = p.asrd
+    out = variants(p, a.llada_steps, False)
+    for v in out:
+        v.settings = v.settings.replace(block_size=a.llada_block_size)
+    return out
+
+
+def llada_plan(p: Params, dist: runtime.Dist | None = None, runner: LladaRunner | None = None,
+               tasks: dict[str, BenchmarkTask] | None = None) -> list[tuple[str, BenchmarkTask, LladaRunner, list]]:
+    """What the ASRD comparison runs on LLaDA: (task name, task, runner, variants) per
+    ``asrd.llada_tasks``; empty when ``asrd.llada_model`` is "" (the default profile)."""
+    if not p.asrd.llada_model and runner is None:
+        return []
+    runner = runner or LladaRunner(p, dist)
+    tasks = tasks if tasks is not None else benchmark_tasks(p)
+    return [(name, tasks[name], runner, llada_variants(p)) for name in p.asrd.llada_tasks]

@@ -17,6 +17,10 @@ thinking disabled and ending in the model's generation prompt. Two sources of th
   project tokenizer as special tokens (:func:`add_chat_tokens`, ids 300 and 301 of the 300-token
   BPE), so each marker costs one token; "user", "model" and the newlines are ordinary text.
 
+A hub tokenizer with no template whose vocabulary already holds the two markers (DiffusionGemma's,
+should its template ship only with the processor) gets the project rendering as is, without
+Gemma's leading ``<bos>``.
+
 Both paths go through :func:`frame` (the text before and after the user's content, found by
 rendering a sentinel) and :func:`encode_prompts`, so the SFT contexts and the benchmark prompts
 are tokenized by the same function and cannot drift apart. Responses end with the template's

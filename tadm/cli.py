@@ -154,6 +154,16 @@ def cmd_count(args) -> None:
                       f"parameters + {head / 1e6:.2f}M training-only anchor LM head")
             else:
                 print(f"{kind}: {count_parameters(m) / 1e6:.2f}M parameters")
+    from tadm.posttrain import fusion
+
+    pt = p.posttrain
+    d = pt.base.hidden_size if pt.base_model == "local" else fusion.DIFFUSIONGEMMA_HIDDEN
+    with torch.device("meta"):
+        here = fusion.PairedAttentionFusion(d, pt.fusion_rank).num_parameters
+    paper = fusion.paper_size_count()
+    print(f"posttrain fusion: {here / 1e6:.3f}M trainable parameters at d = {d}, r = {pt.fusion_rank} "
+          f"(5dr + r + 1 + 3d); at DiffusionGemma-26B (d = {fusion.DIFFUSIONGEMMA_HIDDEN}, r = {fusion.PAPER_RANK}): "
+          f"{paper / 1e6:.2f}M, the paper quotes ~{fusion.PAPER_QUOTED / 1e6:.1f}M, which 4dr + 3r^2 + 3d = 3.09M would give (tadm/posttrain/fusion.py)")
 
 
 def cmd_sample(args) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tadm.config import HubSftSource, Params, SftConfig
-from tadm.data import arithmetic
+from tadm.data import arithmetic, chat
 from tadm.errors import DataError
 from tadm.io import atomic_path, check_hash, check_jsonl_input, read_jsonl, read_manifest, write_jsonl, write_manifest
 
@@ -273,11 +273,16 @@ def _example_canvases(example_id: str, n_response: int, cfg: SftConfig, seed: in
 def to_canvases(examples: Sequence[dict], tokenizer, cfg: SftConfig, seed: int) -> SftArrays:
     """Tokenize examples and draw `cfg.canvases_per_example` canvases for each.
 
-    Prompts keep their last `max_prompt_tokens` tokens (the question usually sits at the end).
-    Responses get the tokenizer's EOS appended, so the model learns where to stop, and are
-    then cut to `max_response_tokens` (a cut response loses its EOS, as it should).
+    Prompts are rendered in DiffusionGemma's no-think chat format (:mod:`tadm.data.chat`, the
+    same function as the benchmark prompts) and keep the last tokens of their content so that
+    the whole turn fits `max_prompt_tokens` (the question usually sits at the end).
+    Responses get the template's end-of-turn marker and the tokenizer's EOS appended, so the
+    model learns where to stop, and are then cut to `max_response_tokens` (a cut response
+    loses its end, as it should).
     """
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    chat.add_chat_tokens(tokenizer)  # in place; a no-op for a tokenizer with a chat template
+    end = _encode(tokenizer, [chat.response_end(tokenizer)])[0]
+    eos = end + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     n_canvas = cfg.canvases_per_example
     token_chunks: list[np.ndarray] = []
     offsets = np.zeros(len(examples), dtype=OFFSET_DTYPE)
@@ -286,14 +291,13 @@ def to_canvases(examples: Sequence[dict], tokenizer, cfg: SftConfig, seed: int) 
     bar = tqdm(total=len(examples), desc="sft tokenize", unit="ex", leave=False)
     for lo in range(0, len(examples), ENCODE_CHUNK):
         chunk = examples[lo : lo + ENCODE_CHUNK]
-        prompts = _encode(tokenizer, [e["prompt"] for e in chunk])
+        prompts = chat.encode_prompts(tokenizer, [e["prompt"] for e in chunk], cfg.max_prompt_tokens)
         responses = _encode(tokenizer, [e["response"] for e in chunk])
         for k, (ex, p, r) in enumerate(zip(chunk, prompts, responses)):
             i = lo + k
-            p = p[len(p) - cfg.max_prompt_tokens :] if len(p) > cfg.max_prompt_tokens else p
-            r = (r + eos)[: cfg.max_response_tokens]
             if not r:
                 raise DataError(f"sft example {ex['id']!r}: empty response (nothing to train on)")
+            r = (r + eos)[: cfg.max_response_tokens]
             token_chunks.append(np.asarray(p + r, dtype=np.int32))
             offsets[i] = (cursor, len(p), len(r))
             cursor += len(p) + len(r)
@@ -341,13 +345,15 @@ def _counts(rows: list[dict], arrays: SftArrays) -> dict:
 
 
 def build(params: Params, tokenizer, out_dir: Path) -> dict:
-    """Build the SFT stage into `out_dir`; return its manifest.
+    """Build the SFT stage into `out_dir`; return its manifest. A tokenizer without a chat
+    template gets DiffusionGemma's turn markers as special tokens first (:mod:`tadm.data.chat`).
 
     Writes, per split in (train, validation): ``<split>.jsonl`` (the text examples),
     ``<split>_tokens.npy``, ``<split>_offsets.npy``, ``<split>_canvases.npy``; then
     ``manifest.json`` with counts, the sft parameters and file hashes.
     """
     cfg, out_dir = params.sft, Path(out_dir)
+    chat.add_chat_tokens(tokenizer)  # the project BPE learns the turn markers (in place)
     examples = offline_examples(cfg, params.seed) if cfg.source == "offline" else hub_examples(cfg, params.seed)
     duplicates = [k for k, v in Counter(e["id"] for e in examples).items() if v > 1]
     if duplicates:

@@ -4,7 +4,8 @@ The ``sft`` stage stores, per split, the token stream of every example (prompt t
 + EOS), its offsets, and ``canvases_per_example`` canvases (example, block start, time t).
 A canvas becomes one block-diffusion training example:
 
-    context = prompt + response[:start]     (the encoder's causal prefix; last tokens kept)
+    context = prompt + response[:start]     (the encoder's causal prefix; last tokens kept; the
+                                             prompt is a no-think chat turn, tadm.data.chat)
     target  = response[start : start + C]   (the canvas; past the response it is EOS padding)
 
 Contexts are left-padded to the longest in the batch with a mask, as ``generate`` does.

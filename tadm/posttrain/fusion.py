@@ -15,8 +15,15 @@ bias, so the correction is *structurally* zero -- exactly, in any precision -- w
 c_t == C0 (at the refresh step, and whenever nothing moved); the gate is one scalar per
 position from the queries, its bias starts at -3 (sigmoid = 0.047); W_up starts at zero, so
 an untrained fusion returns H0 exactly and TADM at K = 1 is the frozen model. Heads of 64
-channels in the r-space (r = 256 -> 4 heads). At DiffusionGemma-26B's size (d = 2816) and
-r = 256 this is 5 d r + r + 1 + 3 d parameters, about 3.6M; the paper quotes ~3.1M.
+channels in the r-space (r = 256 -> 4 heads).
+
+Size (:func:`parameter_count`): 5 d r + r + 1 + 3 d -- W_q d x r, W_k 2d x r (the paired keys),
+W_v d x r, W_up r x d, the gate r + 1, three RMSNorm gains of d. At DiffusionGemma-26B's hidden
+size d = 2816 and r = 256 that is 3,613,185 (3.61M); the paper quotes "approximately 3.1M"
+(App. C.1) without the formula. ~3.1M is about 4.3 d r at that size: four d x r blocks plus
+three r x r maps in the low-rank space and the norms (4 d r + 3 r^2 + 3 d = 3,088,640) would
+give it -- e.g. keys that read one d-dimensional state instead of the pair [C0; H0]; ours keeps
+the fifth d x r block so that a key sees both cached states (README: deviations).
 """
 
 from __future__ import annotations
@@ -28,6 +35,23 @@ from torch import nn
 from torch.nn import functional as F
 
 HEAD_DIM = 64
+DIFFUSIONGEMMA_HIDDEN = 2816  # google/diffusiongemma-26B-A4B-it text_config.hidden_size
+PAPER_RANK = 256
+PAPER_QUOTED = 3.1e6  # App. C.1: "approximately 3.1M fusion parameters"
+
+
+def parameter_count(hidden_size: int, rank: int) -> int:
+    """Parameters of :class:`PairedAttentionFusion` (d = hidden_size, r = rank):
+    q d*r + k 2d*r + v d*r + up r*d + gate (r + 1) + three RMSNorm gains 3d."""
+    d, r = hidden_size, rank
+    return 5 * d * r + r + 1 + 3 * d
+
+
+def paper_size_count() -> int:
+    """The fusion's parameter count at DiffusionGemma-26B's size, counted on a module built on
+    the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return PairedAttentionFusion(DIFFUSIONGEMMA_HIDDEN, PAPER_RANK).num_parameters
 
 
 class RMSNorm(nn.Module):

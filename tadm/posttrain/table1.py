@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from tadm import runtime
 from tadm.config import Params
-from tadm.data import arithmetic
+from tadm.data import arithmetic, chat
 from tadm.errors import DataError
 from tadm.io import atomic_write_json
 from tadm.posttrain import model as dgm
@@ -186,7 +186,7 @@ class Runner:
         return sampling_kwargs(pt.sample_steps, pt.entropy_bound, tuple(pt.temperature), max_new_tokens, self.eos, self.pad)
 
     def encode(self, prompts: list[str]):
-        ids = self.tok(list(prompts), add_special_tokens=False)["input_ids"]
+        ids = chat.encode_prompts(self.tok, prompts)  # no-think chat turns, as the SFT canvases
         x, m = left_pad(ids, self.pad)
         return x.to(self.device), m.to(self.device)
 

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from tadm import runtime
 from tadm.config import Params
+from tadm.data import chat
 from tadm.io import atomic_write_json, sha256_file
 from tadm.posttrain import model as dgm
 from tadm.posttrain.data import SftCanvases
@@ -54,7 +55,7 @@ CODE["dg_posttrain"] = CODE["dg_base"] + ("posttrain/backbone.py", "posttrain/fu
 # so more steps change the learning rate of every step after warm-up -- a run cannot be
 # extended, only restarted. What is left out: logging and checkpoint cadence, Table 1's
 # evaluation, and (for the fusion) the base section, whose weights are fingerprinted themselves.
-BASE_KEYS = ("base", "shared_layers", "anchor_layers", "denoiser_layers", "canvas_length", "max_context_tokens",
+BASE_KEYS = ("seed", "base", "shared_layers", "anchor_layers", "denoiser_layers", "canvas_length", "max_context_tokens",
              "self_cond_p", "grad_clip")
 FUSION_IGNORES = ("base", "checkpoint_every", "log_every", "refresh_every", "tasks", "task_sources", "eval_examples",
                   "eval_batch_size", "seeds", "throughput_repeats")
@@ -72,7 +73,7 @@ def _settings(kind: str, p: Params, sft_dir: Path, extra: dict) -> dict:
     root = Path(__file__).resolve().parent.parent
     pt = dataclasses.asdict(p.posttrain)
     keep = (lambda k: k in BASE_KEYS) if kind == "dg_base" else (lambda k: k not in FUSION_IGNORES)
-    return {"kind": kind, "seed": p.seed, "posttrain": {k: v for k, v in pt.items() if keep(k)},
+    return {"kind": kind, "posttrain": {k: v for k, v in pt.items() if keep(k)},
             "data": sha256_file(sft_dir / "manifest.json"), "extra": extra,
             "code": hashlib.sha256("".join(sha256_file(root / c) for c in CODE[kind]).encode()).hexdigest()}
 
@@ -177,9 +178,10 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
 
     d = runtime.setup(p.runtime)
     b, pt = p.posttrain.base, p.posttrain
+    chat.add_chat_tokens(tokenizer)  # the SFT canvases' turn markers (saved with the base below)
     pad, eos = _pad_and_eos(tokenizer)
     data = SftCanvases(sft_dir, "train", pt.canvas_length, pt.max_context_tokens, pad)
-    torch.manual_seed(_seed(p.seed, 0xD6))
+    torch.manual_seed(_seed(pt.seed, 0xD6))
     with torch.device(d.device):
         model = DiffusionGemmaForBlockDiffusion(dgm.small_config(p, len(tokenizer), eos, pad)).train()
     model.model.encoder.vision_tower.requires_grad_(False)
@@ -194,7 +196,7 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
 
     history = _loop("dg_base", model, loss_fn, steps=b.steps, batch=b.batch_size, micro=1, n_data=len(data),
                     lr_at=lambda s: cosine_lr(s, b.lr, b.warmup_steps, b.steps, 0.1), opt=opt, clip=pt.grad_clip,
-                    run_dir=root / "checkpoints" / "dg_base", settings=settings, seed=p.seed, log_every=pt.log_every,
+                    run_dir=root / "checkpoints" / "dg_base", settings=settings, seed=pt.seed, log_every=pt.log_every,
                     checkpoint_every=pt.checkpoint_every, d=d, log=log, restart=restart, compile=p.runtime.compile,
                     command="python -m tadm dg-base")
     summary = {"run": "dg_base", "steps": b.steps, "parameters": sum(q.numel() for q in trainable),
@@ -219,7 +221,7 @@ def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log
     tokenizer = load_tokenizer(source)
     pad, _ = _pad_and_eos(tokenizer)
     data = SftCanvases(sft_dir, "train", pt.canvas_length, pt.max_context_tokens, pad)
-    torch.manual_seed(_seed(p.seed, 0xF0))
+    torch.manual_seed(_seed(pt.seed, 0xF0))
     tadm = dgm.build_tadm(base, p)
     fusion = tadm.fusion.float().train()
     if d.main:
@@ -237,7 +239,7 @@ def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log
     history = _loop("dg_posttrain", fusion, loss_fn, steps=pt.steps, batch=pt.batch_size, micro=pt.grad_accum,
                     n_data=len(data), lr_at=lambda s: cosine_lr(s, pt.lr, pt.warmup_steps, pt.steps, pt.min_lr_ratio),
                     opt=opt, clip=pt.grad_clip, run_dir=root / "checkpoints" / "dg_posttrain", settings=settings,
-                    seed=p.seed, log_every=pt.log_every, checkpoint_every=pt.checkpoint_every, d=d, log=log,
+                    seed=pt.seed, log_every=pt.log_every, checkpoint_every=pt.checkpoint_every, d=d, log=log,
                     restart=restart, compile=p.runtime.compile, command="python -m tadm dg-posttrain")
     summary = {"run": "dg_posttrain", "steps": pt.steps, "fusion_parameters": fusion.num_parameters,
                "split": list(tadm.split.split), "base_model": source,

@@ -37,7 +37,8 @@ def _aime_row(row: dict, i: int, where: str) -> dict:
         raise DataError(f"{where}: row {i + 1}: 'answer' must be an integer, got {answer!r}") from None
     if not 0 <= value <= 999:
         raise DataError(f"{where}: row {i + 1}: 'answer' must be in 0..999, got {value}")
-    return {"id": str(_field(row, "id") or f"aime-{i}"), "problem": problem, "answer": value}
+    ident = _field(row, "id") or (f"aime-{row['problem_idx']}" if row.get("problem_idx") is not None else f"aime-{i}")
+    return {"id": str(ident), "problem": problem, "answer": value}
 
 
 def load_aime(source: str, split: str = "train") -> list[dict]:

@@ -33,6 +33,16 @@ from tadm.tasks.sandbox import run_python
 HUB_NAME = "livecodebench/code_generation_lite"
 TIMEOUT_S = 6.0  # per test
 
+# The paper's LiveCodeBench-v6, pinned: the hub repository's files of release_v6 (the release
+# tags are cumulative: release_vN = test.jsonl, test2.jsonl, ..., testN.jsonl; release_v6 is
+# 1,055 problems) read by the packaged JSON builder (datasets >= 4 runs no loading scripts, so
+# version_tag= is not available), and the release's contest-date window, May 2023 to April 2025
+# (LiveCodeBench's release notes). Problems dated outside the window are dropped, so a newer
+# file on the hub cannot leak in.
+RELEASE = "release_v6"
+RELEASE_FILES = {"release_v6": ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")}
+DATE_WINDOW = {"release_v6": ("2023-05-01", "2025-04-30")}  # inclusive, by contest_date
+
 # Imports LeetCode-style code takes for granted (List, defaultdict, heapq ...).
 FUNCTIONAL_HEADER = (
     "from typing import *\nfrom collections import *\nfrom functools import *\nfrom itertools import *\n"
@@ -85,15 +95,43 @@ def tests(row: dict, *, private: bool = True) -> list[dict]:
     return cases
 
 
-def load_livecodebench(source: str) -> list[dict]:
-    """Problems from `source`: "hub" (``HUB_NAME``, split "test") or a local jsonl file.
+def hub_files(release: str = RELEASE) -> list[str]:
+    """The ``hf://`` paths of `release`'s files in ``HUB_NAME``."""
+    return [f"hf://datasets/{HUB_NAME}/{name}" for name in RELEASE_FILES[release]]
+
+
+def in_window(rows: list[dict], start: str, end: str, where: str = "LiveCodeBench") -> list[dict]:
+    """The rows whose ``contest_date`` (ISO date or date-time, first 10 characters compared)
+    lies in [start, end]; rows without a contest_date are kept (a local file may omit it)."""
+    kept = []
+    for i, row in enumerate(rows):
+        date = row.get("contest_date")
+        if date is None or date == "":
+            kept.append(row)
+            continue
+        day = str(date)[:10]
+        if len(day) != 10 or day[4] != "-" or day[7] != "-":
+            raise DataError(f"{where}: row {i + 1}: contest_date {date!r} is not an ISO date (YYYY-MM-DD...)")
+        if start <= day <= end:
+            kept.append(row)
+    return kept
+
+
+def load_livecodebench(source: str, release: str = RELEASE) -> list[dict]:
+    """Problems from `source`: "hub" (`release`'s files of ``HUB_NAME``) or a local jsonl file,
+    restricted to `release`'s contest-date window (``DATE_WINDOW``).
 
     Rows keep the hub's fields; each is checked to have a question and at least one test.
     """
+    if release not in RELEASE_FILES:
+        raise DataError(f"LiveCodeBench release {release!r} is not pinned here; known: {', '.join(RELEASE_FILES)}")
     if source == "hub":
-        rows, where = load_hub(HUB_NAME, None, "test"), HUB_NAME
+        rows, where = load_hub("json", None, "train", data_files=hub_files(release)), f"{HUB_NAME} {release}"
     else:
         rows, where = read_jsonl(source, ("question_content",)), str(Path(source).expanduser())
+    rows = in_window(rows, *DATE_WINDOW[release], where=where)
+    if not rows:
+        raise DataError(f"{where}: no problem dated inside {release}'s window {DATE_WINDOW[release][0]}..{DATE_WINDOW[release][1]}")
     for i, row in enumerate(rows):
         row.setdefault("question_id", f"lcb-{i}")
         row.setdefault("starter_code", "")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tadm.errors import ConfigError
+from tadm.errors import ConfigError, DataError
 from tadm.tasks import aime, gsm8k, humaneval, livecodebench, multiple_choice
 
 Scorer = Callable[[int, str], bool]
@@ -51,7 +51,10 @@ def _gpqa(source: str) -> tuple[list[str], Scorer]:
 def _aime(source: str | None) -> tuple[list[str], Scorer]:
     if source is None or source == "hub":
         raise ConfigError("posttrain.task_sources.aime", "name the AIME data set (a hub id) or a local jsonl file")
-    rows = aime.load_aime(source)
+    try:
+        rows = aime.load_aime(source)
+    except DataError as e:  # unavailable (offline, wrong id, missing file): one line naming the key
+        raise DataError(f"posttrain.task_sources.aime ({source!r}): {e}") from None
     return [aime.prompt(r["problem"]) for r in rows], lambda i, text: aime.score(rows[i], text)
 
 

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 
 from tadm.config import ROOT, HubSftSource, SftConfig, from_dict, render_profile
 from tadm.data import arithmetic, sft
-from tadm.errors import DataError
+from tadm.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
@@ -185,18 +185,26 @@ def test_canvases_block_aligned_inside_response(tokenizer, offline):
 
 
 def test_canvas_tokens_match_encode_with_truncation(tokenizer, offline):
-    cfg = SftConfig(canvas_length=8, canvases_per_example=2, max_prompt_tokens=12, max_response_tokens=40)
+    cfg = SftConfig(canvas_length=8, canvases_per_example=2, max_prompt_tokens=24, max_response_tokens=40)
     examples = [offline[0], offline[-1]]  # a long HumanEval prompt, a short arithmetic one
     arrays = sft.to_canvases(examples, tokenizer, cfg, seed=0)
     eos = tokenizer.eos_token_id
+    # DiffusionGemma's no-think turn: the markers stay, the content keeps its last tokens
+    before = tokenizer.encode("<|turn>user\n", add_special_tokens=False)
+    after = tokenizer.encode("<turn|>\n<|turn>model\n", add_special_tokens=False)
+    end = tokenizer.convert_tokens_to_ids("<turn|>")
     for i, e in enumerate(examples):
         start, p_len, r_len = (int(v) for v in arrays.offsets[i])
-        prompt = tokenizer.encode(e["prompt"], add_special_tokens=False)[-12:]  # kept from the left
-        response = (tokenizer.encode(e["response"], add_special_tokens=False) + [eos])[:40]
+        content = tokenizer.encode(e["prompt"].strip(), add_special_tokens=False)
+        prompt = before + content[max(0, len(content) - (24 - len(before) - len(after))):] + after
+        response = (tokenizer.encode(e["response"], add_special_tokens=False) + [end, eos])[:40]
         assert arrays.tokens[start : start + p_len].tolist() == prompt
         assert arrays.tokens[start + p_len : start + p_len + r_len].tolist() == response
     assert arrays.tokens[int(arrays.offsets[1]["start"]) + int(arrays.offsets[1]["prompt_len"]) +
                          int(arrays.offsets[1]["response_len"]) - 1] == eos  # short response keeps EOS
+    assert int(arrays.offsets[0]["prompt_len"]) == 24  # the long prompt is cut to the budget, markers kept
+    with pytest.raises(ConfigError, match="sft.max_prompt_tokens: 12 tokens leave no room"):
+        sft.to_canvases(examples, tokenizer, SftConfig(canvas_length=8, max_prompt_tokens=12), seed=0)
 
 
 def test_canvases_deterministic_and_order_independent(tokenizer, offline):

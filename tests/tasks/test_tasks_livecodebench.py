@@ -153,3 +153,37 @@ def test_functional_tests_need_a_method_name():
         lcb.score(row, FUNCTIONAL_GOOD)
     # without metadata the name comes from the starter code
     assert lcb.score(FUNCTIONAL_ROW | {"metadata": ""}, FUNCTIONAL_GOOD, private=False)
+
+
+# --- the paper's release_v6, pinned ---------------------------------------------------------
+
+
+def test_release_v6_is_pinned_to_its_files_and_date_window():
+    assert lcb.RELEASE == "release_v6" and lcb.DATE_WINDOW["release_v6"] == ("2023-05-01", "2025-04-30")
+    assert lcb.hub_files() == [f"hf://datasets/{lcb.HUB_NAME}/{n}" for n in
+                               ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")]
+
+
+def test_problems_outside_the_window_are_dropped(tmp_path):
+    rows = [{**STDIN_ROW, "question_id": "early", "contest_date": "2023-04-30T00:00:00"},
+            {**STDIN_ROW, "question_id": "first", "contest_date": "2023-05-01T00:00:00"},
+            {**FUNCTIONAL_ROW, "question_id": "last", "contest_date": "2025-04-30"},
+            {**STDIN_ROW, "question_id": "v7", "contest_date": "2025-05-01T12:00:00"},
+            {**STDIN_ROW, "question_id": "undated"}]
+    path = tmp_path / "lcb.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["question_id"] for r in lcb.load_livecodebench(str(path))] == ["first", "last", "undated"]
+    assert [r["question_id"] for r in lcb.in_window(rows, "2025-01-01", "2025-12-31")] == ["last", "v7", "undated"]
+    with pytest.raises(DataError, match="row 1: contest_date 'May 2024' is not an ISO date"):
+        lcb.in_window([{"contest_date": "May 2024"}], *lcb.DATE_WINDOW["release_v6"])
+    path.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(DataError, match="no problem dated inside release_v6's window 2023-05-01..2025-04-30"):
+        lcb.load_livecodebench(str(path))
+
+
+def test_the_hub_release_offline_is_one_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match="cannot load hub data set 'json'") as e:
+        lcb.load_livecodebench("hub")
+    assert "\n" not in str(e.value)

@@ -77,3 +77,15 @@ def test_aime_needs_a_source_and_unknown_tasks_are_named():
         build_task("aime")
     with pytest.raises(ConfigError, match="unknown task 'mmlu'"):
         build_task("mmlu", "hub")
+
+
+@pytest.mark.parametrize("source", ["/nonexistent/aime26", "MathArena/aime_2026"])
+def test_an_unavailable_aime_source_is_one_line_naming_the_key(monkeypatch, source):
+    """The paper profile's AIME26 source offline, or a path that is not there: one error line."""
+    from tadm.errors import DataError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match=r"posttrain.task_sources.aime \(") as e:
+        build_task("aime", source)
+    assert "\n" not in str(e.value)

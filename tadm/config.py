@@ -330,6 +330,11 @@ class AsrdConfig:
     eval_examples: int = spec(0, ge=0)  # arithmetic problems scored; 0 = all SFT validation ones
     seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
     batch_size: int = spec(32, ge=1)  # sequences decoded together
+    # one-at-a-time sweeps around the default ASRD on the masked model (first seed; [] skips one)
+    sweep_capacity: list[int] = spec([12, 16, 20], ge=1)  # anchor tokens cache sizes
+    sweep_window: list[int] = spec([1, 2, 4], ge=1)  # consistency windows k
+    sweep_block_size: list[int] = spec([4, 8, 12, 24], ge=1)  # semi-AR blocks: each must tile response_tokens
+    sweep_examples: int = spec(0, ge=0)  # first examples of each task the sweeps score; 0 = all
     # the masked diffusion LM the comparison runs on (MDLM, `model` section's width and depth)
     train_steps: int = spec(3000, ge=1)
     train_batch: int = spec(32, ge=1)
@@ -634,6 +639,10 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.llada_gen_tokens", f"must be a multiple of llada_block_size ({c.llada_block_size}), got {c.llada_gen_tokens}", src)
         if c.llada_steps % (c.llada_gen_tokens // c.llada_block_size):
             raise ConfigError(f"{p}.llada_steps", f"must divide evenly over the {c.llada_gen_tokens // c.llada_block_size} blocks, got {c.llada_steps}", src)
+        for b in c.sweep_block_size:
+            if c.response_tokens % b or c.steps % (c.response_tokens // b):
+                raise ConfigError(f"{p}.sweep_block_size", f"each must tile response_tokens ({c.response_tokens}) into "
+                                  f"blocks that steps ({c.steps}) divides evenly, got {b}", src)
 
     @staticmethod
     def Params(c: Params, p: str, src: str) -> None:

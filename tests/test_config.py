@@ -49,6 +49,7 @@ def test_paper_profile_carries_the_paper_settings():
     assert p.sft.canvases_per_example == 8
     assert (p.eval.featurizer, p.eval.evaluator, p.eval.reference_samples) == ("gpt2-large", "gpt2-large", 5000)
     assert 12 <= p.asrd.capacity <= 20 and p.asrd.window == 2  # the ASRD paper's cache size and window
+    assert min(p.asrd.sweep_capacity) == 12 and max(p.asrd.sweep_capacity) == 20  # sweeps over the paper's range
 
 
 def test_default_posttrain_keeps_the_paper_split_proportions():
@@ -124,6 +125,10 @@ BAD = [
     ("asrd.dg_steps", 30, ["asrd.dg_steps", "block_size"]),
     ("asrd.verify_below", 0.0, ["asrd.verify_below", "> 0"]),
     ("asrd.spelling_eval", 999, ["asrd.spelling_eval", "below spelling_max"]),
+    ("asrd.sweep_capacity", [12, 0], ["asrd.sweep_capacity[1]", ">= 1"]),
+    ("asrd.sweep_window", [0], ["asrd.sweep_window[0]", ">= 1"]),
+    ("asrd.sweep_block_size", [8, 16], ["asrd.sweep_block_size", "tile response_tokens (24)", "got 16"]),
+    ("asrd.sweep_examples", -1, ["asrd.sweep_examples", ">= 0"]),
 ]
 
 

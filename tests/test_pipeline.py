@@ -28,7 +28,7 @@ STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "stalene
           + POSTTRAIN_STAGES + ("table1", "asrd", "claims", "stage_times"))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
-           "table1.md", "table1.csv", "asrd.md", "asrd.csv", "claims.md", "claims.csv", "stage_times.md")
+           "table1.md", "table1.csv", "asrd.md", "asrd.csv", "asrd_sweeps.md", "asrd_sweeps.csv", "claims.md", "claims.csv", "stage_times.md")
 DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft", "data/asrd")
 MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/asrd_mdlm", "models/evaluator")
 OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain", "asrd_mdlm", "evaluator"))
@@ -186,9 +186,14 @@ def test_asrd_table_has_every_method_on_every_task_and_model_with_numbers(repo, 
     for task, model in groups:
         rows = t[(t.task == task) & (t.model == model)]
         assert list(rows.method)[:7] == methods
-    assert list(t.method)[-1] == "ASRD + TADM K=2"
+    assert list(t.method)[-2:] == ["Low-confidence + threshold + TADM K=2", "ASRD + TADM K=2"]
+    assert t[t.method == "ASRD + TADM K=2"].base.tolist() == ["Low-confidence + threshold + TADM K=2"]
     assert t.accuracy.between(0, 100).all() and t.tokens_per_s.gt(0).all() and t.calls.gt(0).all()
-    assert t[t.method.str.startswith("ASRD") & ~t.method.str.contains("guidance only")].verify_calls.gt(0).any()
+    asrd = t[t.method.str.startswith("ASRD") & ~t.method.str.contains("guidance only")]
+    assert asrd.checked.gt(0).any() and t.verify_calls.eq(0).all()  # checks ride on the generation passes
+    s = pd.read_csv(repo / "paper_figures" / "asrd_sweeps.csv")
+    assert set(s.sweep) == {"capacity", "window", "block_size"} and set(s.task) == {"arithmetic", "spelling"}
+    assert s.accuracy.between(0, 100).all() and s.calls.gt(0).all()
     # papermill with another K: the time-anchored row follows it, and its refreshes are Alg. 1's
     out = tmp_path / "asrd.json"
     run([sys.executable, "-m", "papermill", "--no-progress-bar", "notebooks/asrd.ipynb", str(tmp_path / "a.ipynb"),

@@ -33,20 +33,24 @@ Details the paper leaves open, and what we chose:
 4. *Guidance.* centroid g = sum_a softmax(-H_a) e(x_a) over the anchors; masked position l
    gets e_l + w (H_l / log V) g: more signal where the model is less sure. Zero when the cache
    is empty; w = 0 turns it off.
-5. *Verification.* After each step's commits, one extra pass reads every pending candidate of
-   the block (decided, not an anchor, committed with confidence < `verify_below`) under
-   delta _|_ e(x), ||delta|| = rho ||e(x)||; survive = the argmax is still x. A uniform-state
-   model reads the candidate as its token + delta; an absorbing-state model as the mask +
-   delta (its only trained reading). The reading is a prediction of the candidate's position,
-   so the cache observes it: a survivor gains one consistent pass and after k of them is an
-   anchor, no longer verified (without this a candidate of an absorbing-state model would be
-   re-verified at every step of its block). Not at a block's last step. rho = 0 turns it off
-   (no pass), so ASRD at w = 0, rho = 0 is its base method step for step.
+5. *Verification, in the generation pass.* The pending candidates of the block (decided, not
+   an anchor, committed with confidence < `verify_below`) are perturbed inside the next
+   step's generation pass -- no extra forward: delta _|_ e(x), ||delta|| = rho ||e(x)|| is
+   added to their input; survive = that pass's argmax at the candidate is still x, otherwise
+   it is remasked and decided again at a later step. A uniform-state model reads the
+   candidate as its token + delta (the undecided positions of that pass see the perturbed
+   token); an absorbing-state model as the mask + delta (its only trained reading; the
+   undecided positions of that pass then see the candidate masked). The reading is a
+   prediction of the candidate's position, so the cache observes it: a survivor gains one
+   consistent pass and after k of them is an anchor, no longer verified. Not at a block's last
+   step; with the threshold a decided block ends only once no candidate awaits its check.
+   rho = 0 turns it off, so ASRD at w = 0, rho = 0 is its base method step for step.
 6. *Randomness.* ASRD's perturbation directions come from their own generator, so the base
    method's draws are identical with the mechanisms on or off.
 7. *Beyond the paper.* On a time-anchored model (TADM; DiffusionGemma + the post-train
-   fusion) generation passes refresh the anchor every K and verification passes always reuse
-   it, so verification costs only the shared network, the fusion and the denoiser.
+   fusion) the generation passes, checks included, refresh the anchor every K and reuse it
+   otherwise. The comparison's matched row (low-confidence + threshold on the same
+   time-anchored model, same K) separates ASRD's effect on TADM from TADM's own.
 """
 
 from tadm.asrd.atc import AnchorTokensCache

@@ -9,10 +9,20 @@ Models (both trained by the pipeline):
 
 Methods (`tadm.asrd.decode`): plain (MDLM ancestral), ReMDM-loop, low-confidence remasking
 (LLaDA), low-confidence with the parallel-commit threshold (ASRD's base), ASRD, and ASRD with
-one mechanism off. Each is run with every seed of ``asrd.seeds``; accuracy is the mean (and
-sd) over seeds. Tokens/s counts generated positions over the decoding loop's wall time (all
-seeds and batches; the methods interleaved seed by seed), and the speed-up is against
-low-confidence remasking measured in the same run; model calls, verification calls and transformer-layer calls are per decoded batch.
+one mechanism off; on the time-anchored DiffusionGemma, ASRD + TADM and its matched row
+(low-confidence + threshold + TADM: the same settings and K without ASRD's mechanisms), so the
+table reads ASRD's effect on TADM apart from TADM's own. Each ASRD row names its base (`base`)
+and the table gives its accuracy against it. Each is run with every seed of ``asrd.seeds``;
+accuracy is the mean (and sd) over seeds. Tokens/s counts generated positions over the
+decoding loop's wall time (all seeds and batches; the methods interleaved seed by seed), and
+the speed-up is against low-confidence remasking measured in the same run; model calls and
+transformer-layer calls are per decoded batch (ASRD's checks ride on its generation passes:
+no verification call), checked / remasked candidates per sequence.
+
+Sweeps (`sweep_points`, `run_sweeps`): the anchor tokens cache's capacity
+(asrd.sweep_capacity), the window k (asrd.sweep_window) and the block size
+(asrd.sweep_block_size, with ASRD's base at each), one at a time around the default, on the
+masked model and both tasks, with the first seed on the first asrd.sweep_examples examples.
 
 Where it runs: the device and autocast of a `tadm.runtime.Dist` (``runtime.setup(p.runtime)``; the
 notebook overrides runtime.device / runtime.precision). With runtime.nproc > 1 ``run`` relaunches
@@ -42,6 +52,7 @@ from tadm.errors import DataError
 from tadm.io import atomic_write_json
 
 BASELINE = "Low-confidence (LLaDA)"
+ASRD_BASE = "Low-confidence + threshold"  # ASRD without its mechanisms
 
 
 @dataclass
@@ -49,24 +60,73 @@ class Variant:
     label: str
     settings: DecodeSettings
     refresh_every: int = 1  # > 1: the time-anchored model (anchor reused between refreshes)
+    base: str | None = None  # the row that is this one without ASRD's mechanisms (same model, same settings)
+
+
+def _settings(p: Params, steps: int) -> tuple[DecodeSettings, DecodeSettings, DecodeSettings]:
+    """(common settings, ASRD's base = low-confidence + threshold, ASRD) of asrd.*"""
+    a = p.asrd
+    common = DecodeSettings(steps=steps, block_size=a.block_size, temperature=a.temperature, eta=a.eta, t_on=a.t_on,
+                            t_off=a.t_off, alpha_on=a.alpha_on, capacity=a.capacity, window=a.window,
+                            verify_below=a.verify_below)
+    base = common.replace(method="low-confidence", threshold=a.threshold)
+    return common, base, base.replace(method="asrd", guidance=a.guidance, perturbation=a.perturbation)
 
 
 def variants(p: Params, steps: int, time_anchored: bool) -> list[Variant]:
+    """The rows of one (task, model) group. On the time-anchored model the matched row
+    (low-confidence + threshold + TADM, ASRD's settings without its mechanisms, same K) comes
+    with ASRD + TADM, so ASRD's effect on TADM is read against TADM alone."""
     a = p.asrd
-    base = DecodeSettings(steps=steps, block_size=a.block_size, temperature=a.temperature, eta=a.eta, t_on=a.t_on,
-                          t_off=a.t_off, alpha_on=a.alpha_on, capacity=a.capacity, window=a.window,
-                          verify_below=a.verify_below)
-    asrd = base.replace(method="asrd", threshold=a.threshold, guidance=a.guidance, perturbation=a.perturbation)
-    out = [Variant("Plain (MDLM ancestral)", base.replace(method="plain")),
-           Variant("ReMDM-loop", base.replace(method="remdm")),
-           Variant(BASELINE, base.replace(method="low-confidence")),
-           Variant("Low-confidence + threshold", base.replace(method="low-confidence", threshold=a.threshold)),
-           Variant("ASRD", asrd),
-           Variant("ASRD, guidance only", asrd.replace(perturbation=0.0)),
-           Variant("ASRD, verification only", asrd.replace(guidance=0.0))]
+    common, base, asrd = _settings(p, steps)
+    out = [Variant("Plain (MDLM ancestral)", common.replace(method="plain")),
+           Variant("ReMDM-loop", common.replace(method="remdm")),
+           Variant(BASELINE, common.replace(method="low-confidence")),
+           Variant(ASRD_BASE, base),
+           Variant("ASRD", asrd, base=ASRD_BASE),
+           Variant("ASRD, guidance only", asrd.replace(perturbation=0.0), base=ASRD_BASE),
+           Variant("ASRD, verification only", asrd.replace(guidance=0.0), base=ASRD_BASE)]
     if time_anchored:
-        out.append(Variant(f"ASRD + TADM K={a.refresh_every}", asrd, a.refresh_every))
+        matched = f"{ASRD_BASE} + TADM K={a.refresh_every}"
+        out += [Variant(matched, base, a.refresh_every),
+                Variant(f"ASRD + TADM K={a.refresh_every}", asrd, a.refresh_every, base=matched)]
     return out
+
+
+SWEEPS = ("capacity", "window", "block_size")
+
+
+@dataclass
+class SweepPoint:
+    sweep: str  # one of SWEEPS: the one setting moved away from the default
+    value: int
+    asrd: DecodeSettings
+    base: DecodeSettings  # ASRD's base at the same block size
+    default: DecodeSettings  # ASRD at asrd.*
+
+    @property
+    def is_default(self) -> bool:
+        return self.asrd == self.default
+
+
+def sweep_points(p: Params) -> list[SweepPoint]:
+    """One-at-a-time sweeps around the default ASRD on the masked model: asrd.sweep_capacity,
+    asrd.sweep_window, asrd.sweep_block_size (its base, low-confidence + threshold, is run at
+    each block size too)."""
+    a = p.asrd
+    _, base, asrd = _settings(p, a.steps)
+    points = [SweepPoint("capacity", c, asrd.replace(capacity=c), base, asrd) for c in a.sweep_capacity]
+    points += [SweepPoint("window", k, asrd.replace(window=k), base, asrd) for k in a.sweep_window]
+    points += [SweepPoint("block_size", b, asrd.replace(block_size=b), base.replace(block_size=b), asrd)
+               for b in a.sweep_block_size]
+    return points
+
+
+def _subset(task: T.TaskSet, n: int) -> T.TaskSet:
+    """The first n examples of `task` (n = 0: all)."""
+    if n == 0 or n >= len(task):
+        return task
+    return dataclasses.replace(task, prompts=task.prompts[:n], responses=task.responses[:n], answers=task.answers[:n])
 
 
 @dataclass
@@ -80,6 +140,7 @@ class Tally:
     layer_calls: int = 0
     refreshes: int = 0
     remasked: int = 0
+    verified: int = 0
     sequences: int = 0
     examples: list[str] = field(default_factory=list)
 
@@ -90,7 +151,8 @@ class Tally:
                 "accuracy_seeds": acc, "tokens_per_s": self.tokens / self.seconds,
                 "calls_per_batch": per_batch(self.calls), "verify_calls_per_batch": per_batch(self.verify_calls),
                 "layer_calls_per_batch": per_batch(self.layer_calls), "refreshes_per_batch": per_batch(self.refreshes),
-                "remasked_per_sequence": self.remasked / self.sequences, "examples": self.examples[:5]}
+                "remasked_per_sequence": self.remasked / self.sequences,
+                "verified_per_sequence": self.verified / self.sequences, "examples": self.examples[:5]}
 
 
 class _Batches:
@@ -109,7 +171,7 @@ class _Batches:
             c = r.counters
             mine.append({"texts": texts, "correct": [bool(task.score(starts[j] + k, t)) for k, t in enumerate(texts)],
                          "generated": generated, "seconds": r.seconds, "calls": c.calls, "verify_calls": c.verify_calls,
-                         "layer_calls": c.layer_calls, "refreshes": c.refreshes, "remasked": r.remasked,
+                         "layer_calls": c.layer_calls, "refreshes": c.refreshes, "remasked": r.remasked, "verified": r.verified,
                          "sequences": len(r.tokens)})
         batches = runtime.gather(mine, len(starts), self.dist)
         for b in batches:
@@ -192,6 +254,7 @@ def _count(tally: Tally, b: dict) -> None:
     tally.layer_calls += b["layer_calls"]
     tally.refreshes += b["refreshes"]
     tally.remasked += b["remasked"]
+    tally.verified += b["verified"]
     tally.sequences += b["sequences"]
 
 
@@ -212,6 +275,11 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
     dg = DiffusionGemmaRunner(p, root, d)
     plan = [("arithmetic", masked, variants(p, a.steps, False)), ("spelling", masked, variants(p, a.steps, False)),
             ("arithmetic", dg, variants(p, a.dg_steps, True))]
+    from tadm.asrd.llada import llada_plan  # the seed's own model family (paper profile; none by default)
+
+    for name, task, runner, vs in llada_plan(p, d):
+        plan.append((name, runner, vs))
+        sets[name] = task
     results = {"profile": p.profile, "seeds": list(a.seeds), "groups": []}
     bar = tqdm(total=sum(len(v) for _, _, v in plan) * len(a.seeds), desc="asrd", unit="run", disable=not d.main)
     for task_name, runner, vs in plan:
@@ -223,15 +291,42 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
                 tally = tallies[v.label]
                 tally.accuracies.append(runner.run(backends[v.label], task, v.settings.replace(seed=seed), tally))
                 bar.update()
-        rows = {v.label: {**tallies[v.label].row(), "refresh_every": v.refresh_every,
+        rows = {v.label: {**tallies[v.label].row(), "refresh_every": v.refresh_every, "base": v.base,
                           "settings": dataclass_dict(v.settings)} for v in vs}
         results["groups"].append({"task": task_name, "model": runner.name, "n": len(task), "methods": rows})
         if d.main:
             log(f"asrd[{task_name}/{runner.name}]: " + ", ".join(f"{k} {r['accuracy']:.1f}%" for k, r in rows.items()))
     bar.close()
+    results["sweeps"] = run_sweeps(p, masked, sets, log if d.main else (lambda *_: None))
     if d.main:
         atomic_write_json(out or root / "results" / "asrd.json", results)
     return results
+
+
+def run_sweeps(p: Params, runner: MaskedRunner, sets: dict[str, T.TaskSet], log=print) -> dict:
+    """The one-at-a-time sweeps (`sweep_points`) on the masked model, both tasks, with the
+    first seed of asrd.seeds on the first asrd.sweep_examples examples of each task. Each
+    distinct setting is decoded once; the default point and the base are shared."""
+    a = p.asrd
+    points = sweep_points(p)
+    seed = a.seeds[0]
+    out = {"seed": seed, "examples": a.sweep_examples, "points": []}
+    if not points:
+        return out
+    backend = runner.backend(1)
+    for task_name in ("arithmetic", "spelling"):
+        task = _subset(sets[task_name], a.sweep_examples)
+        done: dict[DecodeSettings, dict] = {}
+        for pt in points:
+            for settings in (pt.asrd, pt.base):
+                if settings not in done:
+                    tally = Tally()
+                    tally.accuracies.append(runner.run(backend, task, settings.replace(seed=seed), tally))
+                    done[settings] = tally.row()
+            out["points"].append({"task": task_name, "n": len(task), "sweep": pt.sweep, "value": pt.value,
+                                  "default": pt.is_default, "asrd": done[pt.asrd], "base": done[pt.base]})
+        log(f"asrd sweeps[{task_name}]: {len(done)} settings decoded on {len(task)} examples")
+    return out
 
 
 def dataclass_dict(settings: DecodeSettings) -> dict:
@@ -242,28 +337,37 @@ def dataclass_dict(settings: DecodeSettings) -> dict:
 
 
 def frame(results: dict):
-    """One line per (task, model, method)."""
+    """One line per (task, model, method). `delta_base_pts`: against the row that is the same
+    method without ASRD's mechanisms (NaN where there is none)."""
     import pandas as pd
 
     lines = []
     for g in results["groups"]:
-        base = g["methods"][BASELINE]
-        for label, m in g["methods"].items():
+        ms = g["methods"]
+        base = ms[BASELINE]
+        for label, m in ms.items():
+            own = ms[m["base"]]["accuracy"] if m.get("base") else float("nan")
             lines.append({"task": g["task"], "model": g["model"], "method": label, "accuracy": m["accuracy"],
                           "sd": m["accuracy_sd"], "delta_pts": m["accuracy"] - base["accuracy"],
+                          "base": m.get("base") or "", "delta_base_pts": m["accuracy"] - own,
                           "tokens_per_s": m["tokens_per_s"], "speedup_x": m["tokens_per_s"] / base["tokens_per_s"],
                           "calls": m["calls_per_batch"], "verify_calls": m["verify_calls_per_batch"],
-                          "layer_calls": m["layer_calls_per_batch"], "remasked": m["remasked_per_sequence"]})
+                          "layer_calls": m["layer_calls_per_batch"], "remasked": m["remasked_per_sequence"],
+                          "checked": m.get("verified_per_sequence", 0.0)})
     return pd.DataFrame(lines)
 
 
+def _pts(x: float) -> str:
+    return "—" if x != x else f"{x:+.1f}"  # NaN: no matched base
+
+
 def to_markdown(df) -> str:
-    head = ("| Task | Model | Method | Accuracy (%) | Δ vs LLaDA (pts) | Tokens/s | Speed-up | Model calls / batch "
-            "| of which verification | Layer calls / batch | Remasked / seq. |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| Task | Model | Method | Accuracy (%) | Δ vs LLaDA (pts) | Δ vs own base (pts) | Tokens/s | Speed-up "
+            "| Model calls / batch | Layer calls / batch | Checked / seq. | Remasked / seq. |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
-        f"| {r.task} | {r.model} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {r.delta_pts:+.1f} | {r.tokens_per_s:,.0f} | "
-        f"{r.speedup_x:.2f}x | {r.calls:.1f} | {r.verify_calls:.1f} | {r.layer_calls:.0f} | {r.remasked:.2f} |\n"
+        f"| {r.task} | {r.model} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {r.delta_pts:+.1f} | {_pts(r.delta_base_pts)} | "
+        f"{r.tokens_per_s:,.0f} | {r.speedup_x:.2f}x | {r.calls:.1f} | {r.layer_calls:.0f} | {r.checked:.2f} | {r.remasked:.2f} |\n"
         for r in df.itertuples())
     return head + body
 
@@ -275,3 +379,45 @@ def metrics_dict(df) -> dict:
         out.update({f"{key}_accuracy": round(r.accuracy, 3), f"{key}_speedup_x": round(r.speedup_x, 4),
                     f"{key}_calls": round(r.calls, 3)})
     return out
+
+
+# ----------------------------------------------------------------------------- the sweeps
+
+
+def sweep_frame(results: dict):
+    """One line per (task, sweep, value): ASRD and its base (low-confidence + threshold at the
+    same block size) on the sweeps' examples and seed."""
+    import pandas as pd
+
+    lines = []
+    for pt in results.get("sweeps", {}).get("points", []):
+        s, b = pt["asrd"], pt["base"]
+        lines.append({"task": pt["task"], "n": pt["n"], "sweep": pt["sweep"], "value": pt["value"],
+                      "default": pt["default"], "accuracy": s["accuracy"], "base_accuracy": b["accuracy"],
+                      "delta_base_pts": s["accuracy"] - b["accuracy"], "tokens_per_s": s["tokens_per_s"],
+                      "speedup_x": s["tokens_per_s"] / b["tokens_per_s"], "calls": s["calls_per_batch"],
+                      "base_calls": b["calls_per_batch"], "checked": s["verified_per_sequence"],
+                      "remasked": s["remasked_per_sequence"]})
+    return pd.DataFrame(lines)
+
+
+def sweep_caption(p: Params, results: dict) -> str:
+    sw = results.get("sweeps", {})
+    n = "all" if not sw.get("examples") else f"the first {sw['examples']}"
+    return (f"ASRD sweeps ({p.profile} profile): the anchor tokens cache's capacity, the consistency window k and the "
+            f"semi-AR block size, one at a time around the default (capacity {p.asrd.capacity}, k = {p.asrd.window}, "
+            f"block {p.asrd.block_size}; * marks it), on the masked model; one seed ({sw.get('seed')}) and {n} examples "
+            f"of each task, so the accuracies are noisier than the main table's; ASRD's base is low-confidence + "
+            f"threshold at the same block size (response length {p.asrd.response_tokens}, {p.asrd.steps} steps)")
+
+
+def sweep_markdown(df) -> str:
+    head = ("| Task | Sweep | Value | ASRD accuracy (%) | Base accuracy (%) | Δ vs base (pts) | Tokens/s | Speed-up vs base "
+            "| Model calls / batch | Base calls / batch | Checked / seq. | Remasked / seq. |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    body = "".join(
+        f"| {r.task} | {r.sweep} | {r.value}{'*' if r.default else ''} | {r.accuracy:.1f} | {r.base_accuracy:.1f} | "
+        f"{r.delta_base_pts:+.1f} | {r.tokens_per_s:,.0f} | {r.speedup_x:.2f}x | {r.calls:.1f} | {r.base_calls:.1f} | "
+        f"{r.checked:.2f} | {r.remasked:.2f} |\n"
+        for r in df.itertuples())
+    return head + body

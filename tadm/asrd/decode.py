@@ -23,14 +23,19 @@ a uniform-state model; see `tadm.asrd.backends`). Methods:
   whose confidence is at least the threshold; a block then ends as soon as it is decided.
 - ``asrd``: low-confidence remasking plus the three ASRD mechanisms: the anchor tokens cache
   (`tadm.asrd.atc`), anchor-guided generation (`tadm.asrd.guidance`, weight `guidance`) and
-  anchor-perturbed verification (`tadm.asrd.verify`, scale `perturbation`): after the step's
-  commits, one extra pass reads every pending candidate of the block (decided, not an anchor,
-  committed with confidence below `verify_below`) under an orthogonal perturbation, and
-  remasks those whose prediction flips. The verification reading is a prediction of the
-  candidate's position, so the cache observes it: a survivor counts one more consistent pass
-  and, once it has held for k passes, is an anchor and no longer verified. No verification at
-  a block's last step (everything left is committed there). With guidance = 0 and perturbation = 0 ASRD makes exactly the
-  base method's passes and draws, step for step (tested): the cache is kept but read by nothing.
+  anchor-perturbed verification (`tadm.asrd.verify`, scale `perturbation`) *inside the
+  generation pass*: the pending candidates of the block (decided, not an anchor, committed
+  with confidence below `verify_below`) enter the step's one model pass with an orthogonal
+  perturbation on their input embedding, next to the undecided positions that pass predicts;
+  a candidate whose prediction there is no longer its token is remasked (it is decided again at
+  a later step, from a clean reading). So ASRD makes one model pass per step, as its base does
+  (tested by counting forwards). The reading is a prediction of the candidate's position, so
+  the cache observes it: a survivor counts one more consistent pass and, once it has held for
+  k passes, is an anchor and no longer checked. No check at a block's last step (everything
+  left is committed there); with the threshold, a decided block ends early only once no
+  candidate is left for the next pass to check. With guidance = 0 and perturbation = 0 ASRD
+  makes exactly the base method's passes and draws, step for step (tested): the cache is kept
+  but read by nothing.
 
 The token chosen at a position is the argmax (temperature 0) or a draw from softmax(logits /
 temperature); its confidence is its probability under softmax(logits). Random draws of the
@@ -115,6 +120,7 @@ class DecodeResult:
     counters: DecodeCounters
     steps: int  # steps taken (blocks may end early)
     remasked: int  # tokens revoked by verification (asrd) or remasking (remdm)
+    verified: int  # candidate checks made inside generation passes (asrd)
     seconds: float
     settings: DecodeSettings
 
@@ -187,6 +193,7 @@ class _Run:
         self.loop = LoopSchedule(cfg.t_on, cfg.t_off, cfg.alpha_on)
         self.schedule = LogLinearSchedule(cfg.eps)
         self.remasked = 0
+        self.verified = 0  # candidate checks (asrd)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -224,62 +231,70 @@ class _Run:
         self.remasked += int(revoke.sum())
         return commit, revoke
 
+    def pending(self, active: Tensor, steps_left: int) -> Tensor:
+        """The candidates the coming pass verifies (B, L) bool: decided positions of the block
+        that are not anchors and were committed with confidence below `verify_below`. None of
+        them when verification is off (no cache, rho = 0) or at a block's last step, where
+        whatever a check remasked could not be decided again."""
+        cfg, atc = self.cfg, self.atc
+        if atc is None or cfg.perturbation == 0.0 or steps_left == 1:
+            return torch.zeros_like(self.decided)
+        return active & self.decided & self.region & ~atc.member & (self.conf_at < cfg.verify_below)
+
     def confidence_step(self, active: Tensor, steps_left: int) -> tuple[Tensor, Tensor]:
-        """low-confidence / asrd: predict every undecided position, keep the confident ones,
-        then (asrd) verify the pending candidates. Returns (committed, revoked)."""
+        """low-confidence / asrd: one pass predicts every undecided position of the block and
+        (asrd) reads the pending candidates under their orthogonal perturbation; the ones that
+        flip are remasked, then the most confident predictions are kept. Returns (committed,
+        revoked)."""
         cfg, backend = self.cfg, self.backend
         undecided = ~self.decided
+        pending = self.pending(active, steps_left)
         ids = backend.fill(self.z, undecided, self.gen)
         delta = self.guidance(undecided)
-        token, conf, pred, entropy = _choose(backend.logits(ids, delta), cfg.temperature, self.gen)
-        if self.atc is not None:  # decided positions are predictions only on a uniform-state model
-            readable = undecided | backend.reads_decided
+        if pending.any():
+            # the check rides on this step's generation pass: a uniform-state model reads the
+            # candidate as its token + delta, an absorbing-state model as the mask + delta
+            e = backend.embed(self.z)
+            push = torch.zeros_like(e)
+            push[pending] = orthogonal_perturbation(e[pending], cfg.perturbation, self.pgen)
+            delta = push if delta is None else delta + push.to(delta.dtype)
+            if not backend.reads_decided:
+                ids = ids.masked_fill(pending, backend.mask_id)
+        logits = backend.logits(ids, delta)
+        token, conf, pred, entropy = _choose(logits, cfg.temperature, self.gen)
+        if self.atc is not None:
+            # decided positions are predictions only on a uniform-state model; a checked
+            # candidate's reading is one (a survivor counts one more consistent pass)
+            readable = undecided | pending | backend.reads_decided
             self.atc.observe(torch.where(readable, pred, self.z), entropy, self.region & readable)
-        candidates = undecided & active
+        revoke = torch.zeros_like(pending)
+        if pending.any():
+            revoke[pending] = ~survivors(logits[pending], self.z[pending])
+            self.decided &= ~revoke
+            self.atc.forget(revoke)
+            self.remasked += int(revoke.sum())
+            self.verified += int(pending.sum())
+        candidates = undecided & active  # predicted from a clean reading in this pass
         if steps_left == 1:
             commit = candidates
-        else:
-            n = torch.ceil(candidates.sum(-1) / steps_left).long()
+        else:  # LLaDA's schedule counts the remasked too: they are decided at later steps
+            n = torch.ceil((~self.decided & active).sum(-1) / steps_left).long()
             commit = _top_confident(conf, candidates, n)
             if cfg.threshold is not None:
                 commit |= candidates & (conf >= cfg.threshold)
         self.z = torch.where(commit, token, self.z)
         self.conf_at = torch.where(commit, conf, self.conf_at)
         self.decided = self.decided | commit
-        revoke = torch.zeros_like(commit)
-        if self.atc is not None and cfg.perturbation > 0.0 and steps_left > 1:
-            revoke = self.verify(active, torch.where(self.decided, self.z, ids), delta)
         if self.atc is not None:
             self.atc.select(self.z, self.decided, self.region)
         return commit, revoke
 
-    def verify(self, active: Tensor, ids: Tensor, delta: Tensor | None) -> Tensor:
-        """One pass over the pending candidates under orthogonal perturbations; remask flips."""
-        backend, cfg, atc = self.backend, self.cfg, self.atc
-        pending = active & self.decided & ~atc.member & (self.conf_at < cfg.verify_below)
-        if not pending.any():
-            return torch.zeros_like(pending)
-        tokens = self.z[pending]
-        e = backend.embed(self.z)
-        push = torch.zeros_like(e)
-        push[pending] = orthogonal_perturbation(e[pending], cfg.perturbation, self.pgen)
-        if delta is not None:
-            push = push + delta * (~self.decided).unsqueeze(-1).to(delta.dtype)
-        if not backend.reads_decided:
-            ids = ids.masked_fill(pending, backend.mask_id)
-        rows = torch.softmax(backend.logits(ids, push, generation=False)[pending], dim=-1)
-        # the reading is a prediction of the candidate's position: the cache observes it, so a
-        # survivor counts one more consistent pass (and, after k, is an anchor: no more checks)
-        pred, entropy = self.z.clone(), torch.zeros_like(atc.entropy)
-        pred[pending] = rows.argmax(-1)
-        entropy[pending] = _entropy(rows)
-        atc.observe(pred, entropy, pending)
-        flipped = torch.zeros_like(pending)
-        flipped[pending] = ~survivors(rows, tokens)
-        self.decided &= ~flipped
-        atc.forget(flipped)
-        self.remasked += int(flipped.sum())
-        return flipped
+    def block_done(self, active: Tensor, steps_left: int) -> bool:
+        """Whether the block may end before its last step: every position decided and (asrd)
+        no candidate left for the next pass to check (`steps_left`: steps after this one)."""
+        if not bool(self.decided[active].all()):
+            return False
+        return steps_left == 0 or not bool(self.pending(active, steps_left).any())
 
 
 def decode(backend: Backend, canvas: Tensor, region: Tensor, cfg: DecodeSettings, *,
@@ -313,10 +328,10 @@ def decode(backend: Backend, canvas: Tensor, region: Tensor, cfg: DecodeSettings
                     callback(StepRecord(step, b, run.z.clone(), run.decided.clone(), committed, revoked,
                                         None if run.atc is None else run.atc.member.clone(), backend.counters.calls))
                 step += 1
-                if cfg.method != "remdm" and bool(run.decided[active].all()):
-                    break  # the block is decided: the remaining steps would change nothing
+                if cfg.method != "remdm" and run.block_done(active, per_block - j - 1):
+                    break  # the block is decided (and checked): the remaining steps would change nothing
             left = int((~run.decided & active).sum())
             if left:
                 raise RuntimeError(f"method {cfg.method!r} left {left} undecided positions at the end of block {b}")
     seconds = time.perf_counter() - start
-    return DecodeResult(run.z, dataclasses.replace(backend.counters), step, run.remasked, seconds, cfg)
+    return DecodeResult(run.z, dataclasses.replace(backend.counters), step, run.remasked, run.verified, seconds, cfg)

@@ -37,7 +37,8 @@ def test_asrd_with_zero_guidance_and_perturbation_is_its_base_step_for_step(tiny
     assert torch.equal(r0.tokens, r1.tokens) and r0.counters == r1.counters
     assert s1[-1].anchors.any()  # the cache was kept (and read by nothing)
     on, _ = _trace(MaskedBackend(tiny_models[kind], refresh), base.replace(method="asrd", guidance=3.0, perturbation=2.0))
-    assert on.counters.verify_calls > 0  # with the mechanisms on, verification passes happen
+    assert on.verified > 0 and on.counters.verify_calls == 0  # checks happen, inside the generation passes
+    assert on.counters.calls == on.steps  # one pass per step
 
 
 def test_asrd_reduces_on_diffusiongemma_too(dg_split):
@@ -112,13 +113,12 @@ def test_guidance_reaches_the_model_only_at_masked_positions_once_there_are_anch
         assert torch.count_nonzero(d[ids != backend.mask_id]) == 0 and torch.count_nonzero(d[ids == backend.mask_id]) > 0
 
 
-def test_time_anchored_backend_refreshes_every_k_generation_passes_never_in_verification(tiny_models):
+def test_time_anchored_backend_refreshes_every_k_passes_checks_included(tiny_models):
     model = tiny_models["tadm"]
     cfg = DecodeSettings(method="asrd", steps=8, block_size=4, guidance=1.0, perturbation=5.0, verify_below=1.0)
     r, _ = _trace(MaskedBackend(model, refresh_every=3), cfg)
-    generation = r.counters.calls - r.counters.verify_calls
-    assert r.counters.verify_calls > 0
-    assert r.counters.refreshes == -(-generation // 3)
+    assert r.verified > 0 and r.counters.verify_calls == 0 and r.counters.calls == 8
+    assert r.counters.refreshes == -(-r.counters.calls // 3)
     c = model.cfg
     assert r.counters.layer_calls == c.denoiser_layers * r.counters.calls + c.anchor_layers * r.counters.refreshes
 
@@ -172,3 +172,46 @@ def test_a_span_that_blocks_do_not_tile_is_refused(tiny_models):
                DecodeSettings(steps=5, block_size=4))
     with pytest.raises(ConfigError, match="refresh_every"):
         MaskedBackend(tiny_models["mdlm"], refresh_every=2)
+
+
+def _count_forwards(model):
+    """Forwards of the real network: one call of its output layer per model pass."""
+    calls = []
+    return calls, model.final.register_forward_hook(lambda *_: calls.append(1))
+
+
+@pytest.mark.parametrize("kind, refresh", [("mdlm", 1), ("tadm", 2)])
+def test_asrd_checks_inside_the_generation_pass_as_many_forwards_as_its_base(tiny_models, kind, refresh):
+    model = tiny_models[kind]
+    calls, hook = _count_forwards(model)
+    try:
+        base = DecodeSettings(method="low-confidence", steps=8, block_size=4, seed=3)
+        _trace(MaskedBackend(model, refresh), base)
+        plain = len(calls)
+        calls.clear()
+        r, steps = _trace(MaskedBackend(model, refresh), base.replace(method="asrd", guidance=1.0, perturbation=2.0,
+                                                                     verify_below=1.0))
+    finally:
+        hook.remove()
+    assert r.verified > 0 and r.remasked > 0  # candidates were checked and some revoked
+    assert len(calls) == plain == 8 == r.counters.calls  # ... at no extra forward
+    assert [s.calls for s in steps] == list(range(1, len(steps) + 1))  # one forward per step
+    assert r.counters.verify_calls == 0
+
+
+def test_with_the_threshold_every_step_is_one_forward_and_a_decided_block_waits_for_its_checks(tiny_models):
+    model = tiny_models["mdlm"]
+    calls, hook = _count_forwards(model)
+    try:
+        base = DecodeSettings(method="low-confidence", steps=8, block_size=4, threshold=1e-3, seed=3)
+        r0, s0 = _trace(MaskedBackend(model), base)  # the threshold decides each block in one step
+        calls.clear()
+        r1, s1 = _trace(MaskedBackend(model), base.replace(method="asrd", perturbation=0.01, verify_below=1.0))
+    finally:
+        hook.remove()
+    assert [s.block for s in s0] == [0, 1]
+    assert len(calls) == r1.counters.calls == r1.steps == len(s1) and r1.counters.verify_calls == 0
+    # block 0, decided at its first step, waits one pass for the check of its commits (held twice:
+    # anchors, k = 2); block 1's predictions already held over block 0's passes: anchors at once
+    assert [s.block for s in s1] == [0, 0, 1] and not s1[1].committed.any()
+    assert r1.verified > 0 and r1.remasked == 0 and torch.equal(r0.tokens, r1.tokens)

@@ -121,35 +121,68 @@ def test_survivors_keep_their_argmax():
 TABLE = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.8, -0.6], [0.0, 0.0]])
 
 
+def _run(backend, canvas, decided, **settings):
+    cfg = DecodeSettings(method="asrd", **{"steps": 4, **settings})
+    run = _Run(backend, torch.tensor(canvas), torch.ones(len(canvas[0]), dtype=torch.bool), cfg, torch.Generator().manual_seed(0))
+    run.decided = torch.tensor(decided)
+    return run
+
+
 @pytest.mark.parametrize("rho, flips", [(0.2, False), (0.3, False), (0.4, True), (1.0, True)])
 def test_a_candidate_that_flips_under_the_perturbation_is_remasked_one_that_holds_is_kept(rho, flips):
     backend = TableBackend(TABLE, mask_id=3)
-    canvas = torch.tensor([[0, 0, 3, 3]])  # two decided candidates (token 0), two masked positions
-    region = torch.ones(4, dtype=torch.bool)
-    cfg = DecodeSettings(method="asrd", steps=4, perturbation=rho)
-    run = _Run(backend, canvas, region, cfg, torch.Generator().manual_seed(0))
-    run.decided = torch.tensor([[True, True, False, False]])
-    run.conf_at = torch.tensor([[0.5, 0.99, 0.0, 0.0]])  # only position 0 is uncertain (< verify_below 1.0 both)
+    # two decided candidates (token 0), two masked positions
+    run = _run(backend, [[0, 0, 3, 3]], [[True, True, False, False]], perturbation=rho)
+    run.conf_at = torch.tensor([[0.5, 0.99, 0.0, 0.0]])  # both below verify_below 1.0
     run.atc.member = torch.tensor([[False, True, False, False]])  # position 1 is a trusted anchor: never verified
-    flipped = run.verify(run.decided.clone(), run.z.clone(), None)
+    committed, flipped = run.confidence_step(torch.ones(1, 4, dtype=torch.bool), steps_left=4)
     assert flipped.tolist() == [[flips, False, False, False]]
-    assert run.decided.tolist() == [[not flips, True, False, False]]
+    assert not committed[0, :2].any() and int(committed.sum()) == 1  # a remasked token is not re-decided in its own pass
+    assert run.decided[0, :2].tolist() == [not flips, True]
+    assert len(backend.inputs) == 1  # the check was part of the step's one (generation) pass
     ids, delta, generation = backend.inputs[-1]
-    assert not generation and ids.tolist() == [[0, 0, 3, 3]]  # uniform-state reading: the token stays
+    assert generation and ids.tolist() == [[0, 0, 3, 3]]  # uniform-state reading: the token stays
     assert torch.count_nonzero(delta[0, 1:]) == 0 and abs(float(delta[0, 0] @ TABLE[0].double())) < 1e-12
     assert math.isclose(float(delta[0, 0].norm()), rho, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("rho, forced, revoked", [(0.01, 2, True), (1.0, 0, False)])
+def test_the_verification_decision_is_read_from_that_pass_output(rho, forced, revoked):
+    """Whatever the perturbation would do, the check reads the generation pass's own logits:
+    forcing that pass's argmax at the candidate decides it (and no other pass is made)."""
+    backend = TableBackend(TABLE, mask_id=3)
+    inner = backend.logits
+
+    def logits(ids, delta=None, generation=True):
+        out = inner(ids, delta, generation).clone()
+        out[0, 0] = -10.0
+        out[0, 0, forced] = 10.0
+        return out
+
+    backend.logits = logits
+    run = _run(backend, [[0, 3]], [[True, False]], perturbation=rho)
+    _, flipped = run.confidence_step(torch.ones(1, 2, dtype=torch.bool), steps_left=2)
+    assert flipped.tolist() == [[revoked, False]] and backend.counters.calls == 1
+    assert run.atc.last_pred[0, 0] == (-1 if revoked else forced)  # the cache saw that reading (a remask forgets)
+
+
+def test_no_check_at_a_block_last_step():
+    backend = TableBackend(TABLE, mask_id=3)
+    run = _run(backend, [[0, 3]], [[True, False]], perturbation=1.0)
+    committed, flipped = run.confidence_step(torch.ones(1, 2, dtype=torch.bool), steps_left=1)
+    assert not flipped.any() and committed.tolist() == [[False, True]]
+    assert backend.inputs[-1][1] is None  # nothing perturbed
 
 
 def test_absorbing_models_read_a_candidate_as_the_mask_pushed_orthogonally_to_its_token():
     backend = TableBackend(TABLE, mask_id=3)
     backend.reads_decided = False
-    run = _Run(backend, torch.tensor([[1, 3]]), torch.ones(2, dtype=torch.bool),
-               DecodeSettings(method="asrd", steps=2, perturbation=0.5), torch.Generator().manual_seed(0))
-    run.decided = torch.tensor([[True, False]])
-    run.verify(run.decided.clone(), run.z.clone(), None)
-    ids, delta, _ = backend.inputs[-1]
-    assert ids.tolist() == [[3, 3]]  # the candidate is fed as the mask
+    run = _run(backend, [[1, 3]], [[True, False]], steps=2, perturbation=0.5)
+    run.confidence_step(torch.ones(1, 2, dtype=torch.bool), steps_left=2)
+    ids, delta, generation = backend.inputs[-1]
+    assert generation and ids.tolist() == [[3, 3]]  # the candidate is fed as the mask, in the generation pass
     assert abs(float(delta[0, 0] @ TABLE[1].double())) < 1e-12 and math.isclose(float(delta[0, 0].norm()), 0.5, rel_tol=1e-6)
+    assert torch.count_nonzero(delta[0, 1]) == 0
 
 
 def test_zero_perturbation_makes_no_verification_pass(tiny_models):
@@ -166,13 +199,12 @@ def test_zero_perturbation_makes_no_verification_pass(tiny_models):
 
 def test_a_survivor_gains_a_consistent_pass_and_after_k_is_an_anchor_no_longer_verified():
     backend = TableBackend(TABLE, mask_id=3)
-    run = _Run(backend, torch.tensor([[0, 3]]), torch.ones(2, dtype=torch.bool),
-               DecodeSettings(method="asrd", steps=4, perturbation=0.2, window=2), torch.Generator().manual_seed(0))
-    run.decided = torch.tensor([[True, False]])
+    run = _run(backend, [[0, 0]], [[True, True]], perturbation=0.2, window=2)
+    every = torch.ones(1, 2, dtype=torch.bool)
     for n in (1, 2):
-        assert not run.verify(run.decided.clone(), run.z.clone(), None).any()  # holds
-        assert run.atc.streak[0, 0] == n
-    assert run.atc.select(run.z, run.decided, torch.ones(1, 2, dtype=torch.bool)).tolist() == [[True, False]]
-    calls = backend.counters.calls
-    run.verify(run.decided.clone(), run.z.clone(), None)
-    assert backend.counters.calls == calls  # an anchor is not verified: no pass at all
+        assert not run.confidence_step(every, steps_left=4)[1].any()  # holds
+        assert run.atc.streak[0, 0] == n and backend.inputs[-1][1] is not None
+    assert run.atc.member.tolist() == [[True, True]]
+    run.confidence_step(every, steps_left=4)
+    assert backend.inputs[-1][1] is None  # anchors are not verified: nothing is perturbed
+    assert run.verified == 4

@@ -84,4 +84,9 @@ def test_asrd_two_processes_score_what_one_does(posttrain_workspace, tmp_path):
         for label in g1["methods"]:
             _same(g1["methods"][label], g2["methods"][label],
                   ("accuracy_seeds", "calls_per_batch", "verify_calls_per_batch", "layer_calls_per_batch",
-                   "refreshes_per_batch", "remasked_per_sequence", "examples", "settings"))
+                   "refreshes_per_batch", "remasked_per_sequence", "verified_per_sequence", "examples", "settings"))
+    sweeps = results[1]["sweeps"]["points"]
+    assert sweeps and len(sweeps) == len(results[2]["sweeps"]["points"])
+    for s1, s2 in zip(sweeps, results[2]["sweeps"]["points"]):
+        for side in ("asrd", "base"):
+            _same(s1[side], s2[side], ("accuracy_seeds", "calls_per_batch", "remasked_per_sequence", "verified_per_sequence"))

@@ -1,0 +1,115 @@
+"""The comparison's rows and sweeps: the matched low-confidence + threshold + TADM row, the
+one-at-a-time sweeps of capacity, window and block size, and their tables."""
+
+import dataclasses
+import math
+
+import pytest
+
+from tadm import config
+from tadm.asrd import compare
+from tadm.asrd.tasks import TaskSet
+
+
+@pytest.fixture(scope="module")
+def params():
+    return config.from_dict(config.render_profile("default"))
+
+
+def test_the_matched_row_is_asrd_on_tadm_without_asrds_mechanisms(params):
+    rows = {v.label: v for v in compare.variants(params, params.asrd.dg_steps, time_anchored=True)}
+    k = params.asrd.refresh_every
+    asrd, matched = rows[f"ASRD + TADM K={k}"], rows[f"Low-confidence + threshold + TADM K={k}"]
+    assert matched.refresh_every == asrd.refresh_every == k and asrd.base == matched.label
+    # identical settings but ASRD's: the method and its two mechanisms
+    assert matched.settings == asrd.settings.replace(method="low-confidence", guidance=0.0, perturbation=0.0)
+    assert matched.settings.threshold == params.asrd.threshold
+    assert rows["ASRD"].base == compare.ASRD_BASE and rows[compare.ASRD_BASE].settings == matched.settings
+    assert rows["ASRD"].settings == asrd.settings
+    labels = [v.label for v in compare.variants(params, params.asrd.steps, time_anchored=False)]
+    assert not any("TADM" in label for label in labels)
+
+
+def test_the_sweeps_move_one_setting_at_a_time_around_the_default(params):
+    a = params.asrd
+    points = compare.sweep_points(params)
+    by = {(pt.sweep, pt.value): pt for pt in points}
+    assert sorted(v for s, v in by if s == "capacity") == [12, 16, 20]
+    assert sorted(v for s, v in by if s == "window") == [1, 2, 4]
+    assert sorted(v for s, v in by if s == "block_size") == [4, 8, 12, 24]
+    default = points[0].default
+    assert (default.capacity, default.window, default.block_size) == (a.capacity, a.window, a.block_size)
+    for pt in points:
+        field = pt.sweep
+        changed = {f.name for f in dataclasses.fields(default) if getattr(pt.asrd, f.name) != getattr(default, f.name)}
+        assert changed <= {field} and getattr(pt.asrd, field) == pt.value
+        assert pt.is_default == (pt.value == getattr(default, field))
+        assert pt.base.method == "low-confidence" and pt.base.block_size == pt.asrd.block_size
+        assert pt.base == pt.asrd.replace(method="low-confidence", guidance=0.0, perturbation=0.0,
+                                          capacity=default.capacity, window=default.window)
+
+
+class _Runner:
+    """Records what the sweeps decode; every setting scores its capacity as accuracy."""
+
+    def __init__(self):
+        self.decoded = []
+
+    def backend(self, refresh_every):
+        assert refresh_every == 1
+        return object()
+
+    def run(self, backend, task, settings, tally):
+        self.decoded.append((task.name, len(task), settings))
+        tally.seconds, tally.tokens, tally.batches, tally.sequences = 1.0, 10, 1, len(task)
+        tally.calls, tally.verified, tally.remasked = settings.block_size, 3, 1
+        return float(settings.capacity if settings.method == "asrd" else 1)
+
+
+def _task(name, n):
+    return TaskSet(name, [f"p{i}" for i in range(n)], [f"r{i}" for i in range(n)], [f"a{i}" for i in range(n)])
+
+
+def test_the_sweeps_decode_each_distinct_setting_once_with_the_first_seed_on_a_subset(params):
+    p = config.override(params, {"asrd.sweep_examples": 5, "asrd.seeds": [7, 8]})
+    runner = _Runner()
+    out = compare.run_sweeps(p, runner, {"arithmetic": _task("arithmetic", 9), "spelling": _task("spelling", 3)},
+                             log=lambda *_: None)
+    assert out["seed"] == 7 and out["examples"] == 5
+    # per task: 3 + 3 + 4 ASRD points, of which the default three times (2 new + 2 new + 3 new + 1),
+    # and the base at each of the 4 block sizes
+    per_task = 8 + 4
+    assert len(runner.decoded) == 2 * per_task
+    assert {(name, n) for name, n, _ in runner.decoded} == {("arithmetic", 5), ("spelling", 3)}
+    assert all(s.seed == 7 for *_, s in runner.decoded)
+    df = compare.sweep_frame({"sweeps": out})
+    assert len(df) == 2 * 10 and df.default.sum() == 2 * 3
+    cap = df[(df.sweep == "capacity") & (df.task == "arithmetic")]
+    assert cap.accuracy.tolist() == [12.0, 16.0, 20.0] and cap.delta_base_pts.tolist() == [11.0, 15.0, 19.0]
+    md = compare.sweep_markdown(df)
+    assert md.count("\n") == 2 + 20 and "| arithmetic | capacity | 16* |" in md
+    assert "one seed (7)" in compare.sweep_caption(p, {"sweeps": out}) and "first 5" in compare.sweep_caption(p, {"sweeps": out})
+
+
+def test_no_sweep_values_means_no_sweeps(params):
+    p = config.override(params, {"asrd.sweep_capacity": [], "asrd.sweep_window": [], "asrd.sweep_block_size": []})
+    runner = _Runner()
+    out = compare.run_sweeps(p, runner, {"arithmetic": _task("arithmetic", 2), "spelling": _task("spelling", 2)})
+    assert out["points"] == [] and runner.decoded == [] and compare.sweep_frame({"sweeps": out}).empty
+
+
+def _row(acc, base=None):
+    return {"accuracy": acc, "accuracy_sd": 0.0, "tokens_per_s": 100.0, "calls_per_batch": 3.0,
+            "verify_calls_per_batch": 0.0, "layer_calls_per_batch": 12.0, "remasked_per_sequence": 0.5,
+            "verified_per_sequence": 2.0, "base": base}
+
+
+def test_the_table_reads_each_asrd_row_against_its_own_base():
+    methods = {compare.BASELINE: _row(10.0), compare.ASRD_BASE: _row(12.0), "ASRD": _row(15.0, compare.ASRD_BASE),
+               "Low-confidence + threshold + TADM K=2": _row(20.0),
+               "ASRD + TADM K=2": _row(19.0, "Low-confidence + threshold + TADM K=2")}
+    df = compare.frame({"groups": [{"task": "arithmetic", "model": "diffusiongemma", "methods": methods}]})
+    got = dict(zip(df.method, df.delta_base_pts))
+    assert got["ASRD"] == 3.0 and got["ASRD + TADM K=2"] == -1.0 and math.isnan(got[compare.BASELINE])
+    md = compare.to_markdown(df)
+    assert "| ASRD + TADM K=2 | 19.0 ± 0.0 | +9.0 | -1.0 |" in md and "| +0.0 | — |" in md

@@ -129,3 +129,18 @@ def test_the_accuracy_claim_compares_tadm_with_the_control(tmp_path):
     (tmp_path / "results" / "table1.json").write_text(json.dumps(r | {"split": [1, 10, 4]}))
     got = {c.id: c for c in C.claims(C.read_inputs(p, tmp_path))}["posttrain_accuracy"]
     assert got.verdict == C.NOT  # within noise of the base (-1 ± 1), 11 points below the control
+
+
+def test_the_cli_trains_the_control_and_hands_the_flag_to_torchrun(monkeypatch):
+    from tadm import cli, runtime
+    from tadm.posttrain import train
+
+    seen = {}
+    monkeypatch.setattr(runtime, "relaunch", lambda n, argv: (seen.update(argv=argv), True)[1])
+    monkeypatch.setattr(cli, "_params", lambda args: params(**{"runtime.nproc": 2}))
+    assert cli.main(["dg-posttrain", "--fresh-anchor"]) == 0
+    assert seen["argv"][-3:] == ["--sft", "data/sft", "--fresh-anchor"]
+    monkeypatch.setattr(runtime, "relaunch", lambda n, argv: False)
+    monkeypatch.setattr(train, "train_fusion", lambda p, **kw: (seen.update(kw=kw), {"run": "stub"})[1])
+    assert cli.main(["dg-posttrain", "--fresh-anchor"]) == 0
+    assert seen["kw"]["fresh"] is True

@@ -107,13 +107,16 @@ def estimates(p: config.Params) -> list[dict]:
     global_batch = pt.batch_size * pt.grad_accum * p.runtime.nproc
     rows.append({"table": "Table 1", "work": f"post-train fusion ({pt.steps:,} steps x global batch {global_batch})",
                  "kind": "posttrain", "flops": per_example * pt.steps * global_batch})
+    # the fresh-anchor control: the same recipe (its rollouts recompute the anchor: about the same passes)
+    rows.append({"table": "Table 1", "work": f"fresh-anchor control ({pt.steps:,} steps x global batch {global_batch})",
+                 "kind": "posttrain", "flops": per_example * pt.steps * global_batch})
     examples = sum(TABLE1_EXAMPLES[t] for t in pt.tasks if t in TABLE1_EXAMPLES)
-    per_canvas = {None: DG_LAYERS}
+    per_canvas = {None: DG_LAYERS, "control": DG_LAYERS}  # the control refreshes every step (K = 1)
     for K in pt.refresh_every:
         per_canvas[K] = 2 + 8 + 20 * math.ceil(pt.sample_steps / K) / pt.sample_steps
-    layer_share = sum(per_canvas.values()) / DG_LAYERS  # base + each K, relative to the base
+    layer_share = sum(per_canvas.values()) / DG_LAYERS  # base + control + each K, relative to the base
     gen = 2 * DG_ACTIVE_PARAMS * pt.canvas_length * pt.sample_steps * 2  # ~2 canvases per answer
-    rows.append({"table": "Table 1", "work": f"generate {examples:,} examples x {len(pt.seeds)} seeds x (base + K={pt.refresh_every})",
+    rows.append({"table": "Table 1", "work": f"generate {examples:,} examples x {len(pt.seeds)} seeds x (base + control + K={pt.refresh_every})",
                  "kind": "generate", "flops": gen * examples * len(pt.seeds) * layer_share})
     a = p.asrd
     La = a.prompt_tokens + a.response_tokens

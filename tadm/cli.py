@@ -255,9 +255,9 @@ def cmd_dg_posttrain(args) -> None:
     from tadm.posttrain.train import train_fusion
 
     p = _params(args)
-    if _relaunched(p, args, "dg-posttrain", "--sft", args.sft):
+    if _relaunched(p, args, "dg-posttrain", "--sft", args.sft, *(["--fresh-anchor"] if args.fresh_anchor else [])):
         return
-    summary = train_fusion(p, sft_dir=Path(args.sft), restart=args.restart)
+    summary = train_fusion(p, sft_dir=Path(args.sft), restart=args.restart, fresh=args.fresh_anchor)
     if not runtime.under_torchrun() or os.environ.get("RANK") == "0":
         print(json.dumps(summary))
 
@@ -352,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dg-posttrain", help="TADM:Post-train: train the fusion of a frozen DiffusionGemma "
                        "(runtime.nproc > 1: that many processes, global batch batch_size x grad_accum x nproc)")
     p.add_argument("--sft", default=str(SFT_DIR))
+    p.add_argument("--fresh-anchor", action="store_true",
+                   help="train Table 1's control instead: the same recipe with the anchor recomputed at every step "
+                   "(no reuse); writes models/dg_fresh")
     _add_restart(p)
     p.set_defaults(func=cmd_dg_posttrain)
 

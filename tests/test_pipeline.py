@@ -23,15 +23,17 @@ RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
 TRAIN_STAGES = DATA_STAGES + tuple(f"train@{r}" for r in RUNS) + ("evaluator",)
 ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm")
-POSTTRAIN_STAGES = ("dg_base", "dg_posttrain", "asrd_model")
+POSTTRAIN_STAGES = ("dg_base", "dg_posttrain", "dg_posttrain_fresh", "asrd_model")
 STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
           + POSTTRAIN_STAGES + ("table1", "asrd", "claims", "stage_times"))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
            "table1.md", "table1.csv", "asrd.md", "asrd.csv", "asrd_sweeps.md", "asrd_sweeps.csv", "claims.md", "claims.csv", "stage_times.md")
 DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft", "data/asrd")
-MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/asrd_mdlm", "models/evaluator")
-OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain", "asrd_mdlm", "evaluator"))
+MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/dg_fresh", "models/asrd_mdlm",
+                                                "models/evaluator")
+OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain", "dg_posttrain_fresh", "asrd_mdlm",
+                                                                         "evaluator"))
 
 
 def _env() -> dict:
@@ -148,17 +150,25 @@ def test_table1_has_the_base_and_every_k_with_numbers(repo):
     import pandas as pd
 
     t1 = pd.read_csv(repo / "paper_figures" / "table1.csv")
-    assert list(t1.method) == ["Base", "TADM K=1", "TADM K=2", "TADM K=3"]
+    assert list(t1.method) == ["Base", "Control (fresh anchor)", "TADM K=1", "TADM K=2", "TADM K=3"]
     assert t1.accuracy.between(0, 100).all() and t1.tokens_per_s.gt(0).all() and t1.flop_bound_x.gt(0).all()
-    base, k1 = t1.iloc[0], t1.iloc[1]
+    base, control, k1 = t1.iloc[0], t1.iloc[1], t1.iloc[2]
     assert base.compute_x == 1 and k1.compute_x == 1 and k1.accuracy == base.accuracy  # K = 1 is the base
+    assert control.compute_x == 1 and control.delta_control_pts == 0  # the control never reuses its anchor
+    assert t1.delta_control_pts.notna().all() and t1.delta_control_sd.ge(0).all()
+    assert (t1.delta_pts - t1.delta_control_pts).round(9).eq(round(control.accuracy - base.accuracy, 9)).all()
     T, (s, a, d) = 4, (1, 2, 1)  # the micro profile's steps and split
-    for row, K in ((2, 2), (3, 3)):  # decoder-layer calls counted during the runs, as Alg. 1 predicts
+    for row, K in ((3, 2), (4, 3)):  # decoder-layer calls counted during the runs, as Alg. 1 predicts
         assert t1.compute_x.iloc[row] == ((s + d) * T + a * -(-T // K)) / ((s + a + d) * T) < 1
     results = json.loads((repo / "results" / "table1.json").read_text())
     assert results["split"] == [1, 2, 1]
     record = json.loads((repo / "models" / "dg_tadm" / "fusion.json").read_text())
     assert record["split"] == [1, 2, 1] and record["parameters"] == results["fusion_parameters"]
+    control = json.loads((repo / "models" / "dg_fresh" / "fusion.json").read_text())
+    assert control["values"] == "state" and control["parameters"] == record["parameters"]
+    assert json.loads((repo / "metrics" / "posttrain" / "dg_posttrain_fresh.json").read_text())["steps"] == \
+        json.loads((repo / "metrics" / "posttrain" / "dg_posttrain.json").read_text())["steps"]
+    assert "Δ vs control" in (repo / "paper_figures" / "table1.md").read_text()
 
 
 def test_papermill_table1_with_another_k(repo, tmp_path):
@@ -169,7 +179,7 @@ def test_papermill_table1_with_another_k(repo, tmp_path):
          "-p", "K", "4", "-p", "results_path", str(out), "-p", "out_dir", str(tmp_path / "fig"),
          "-p", "metrics_path", str(tmp_path / "m.json")], repo)
     methods = json.loads(out.read_text())["tasks"]["arithmetic"]["methods"]
-    assert list(methods) == ["Base", "TADM K=4"]
+    assert list(methods) == ["Base", "Control (fresh anchor)", "TADM K=4"]
     assert methods["TADM K=4"]["refresh_every"] == 4
 
 

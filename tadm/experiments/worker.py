@@ -17,7 +17,7 @@ Jobs and their ``args`` (paths relative to the working directory, which the work
 
     row      {"name", "tokenizer", "packed_dir", "kwargs": run_row's keyword arguments}
     sweep    {"row", "tokenizer", "packed_dir", "kwargs": run_sweep's keyword arguments}
-    table1   {"root", "sft_dir", "out"}
+    table1   {"root", "sft_dir", "out", "unsafe_host_execution", "control"}
     asrd     {"root", "out"}
 
 The spec file: ``{"job": ..., "params": tadm.config.to_dict(params), "args": {...},
@@ -116,7 +116,8 @@ def _table1(p: Params, d: runtime.Dist, args: dict) -> Any:
 
     log = print if d.main else (lambda *_: None)
     return table1.run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=_path(args.get("out")), log=log,
-                      dist=d, unsafe_host_execution=bool(args.get("unsafe_host_execution", False)))
+                      dist=d, unsafe_host_execution=bool(args.get("unsafe_host_execution", False)),
+                      control=bool(args.get("control", True)))
 
 
 def _asrd(p: Params, d: runtime.Dist, args: dict) -> Any:

@@ -13,7 +13,9 @@ S (embedding + self-conditioning + shallow layers), the fusion Phi and the denoi
 every step; the anchor A runs once every K steps. A new canvas (no self-conditioning logits
 yet, or a longer encoder cache) always starts with a refresh. With K = 1 every step is a
 refresh, and with an untrained fusion Phi(c; C0, H0) = H0 exactly, so both give the base
-model's tokens (tested).
+model's tokens (tested). The fresh-anchor control of Table 1 (a fusion with
+``values="state"``) is run with K = 1: every step refreshes, and its fusion corrects the fresh
+anchor, h = Phi(c; c, A(c)).
 
 Counters (:class:`AnchorCounters`) record decoder steps, refreshes and layer calls of each
 part, so compute can be reported in the paper's unit (decoder-layer calls).
@@ -135,6 +137,8 @@ class TimeAnchoredDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
         if refresh:
             h = split.anchor(c, inputs)
             self._cache = _AnchorCache(c, h, 0, prefix)
+            if self.fusion.fresh:  # Table 1's fresh-anchor control: its fusion acts on the fresh anchor
+                h = self.fusion(c, c, h)
         else:
             stale.age += 1
             h = self.fusion(c, stale.c0, stale.h0)

@@ -7,7 +7,8 @@
   checkpoint the ``dg_base`` stage wrote), read in its precision straight onto its device
   (no full fp32 copy on the host per process). Frozen, eval mode.
 - ``save_fusion`` / ``load_fusion``: the fusion's weights as safetensors next to a JSON record
-  of its shape, the split and the base it belongs to.
+  of its shape, the split, its kind (TADM's or the fresh-anchor control's values) and the base
+  it belongs to.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tadm.runtime import CPU, host
 
 BASE_DIR = Path("models/dg_base")  # the default profile's trained base
 TADM_DIR = Path("models/dg_tadm")  # the trained fusion
+FRESH_DIR = Path("models/dg_fresh")  # Table 1's control: the same recipe, the anchor always fresh
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -80,12 +82,14 @@ def load_base(source: str | Path, precision: str = "fp32", device: str | torch.d
     return model.eval().requires_grad_(False)
 
 
-def build_tadm(base, p: Params) -> TimeAnchoredDiffusionGemma:
-    """Split the base 2/20/8-style and attach a fresh fusion (zero-initialised up-projection)."""
+def build_tadm(base, p: Params, fresh: bool = False) -> TimeAnchoredDiffusionGemma:
+    """Split the base 2/20/8-style and attach a new fusion (zero-initialised up-projection);
+    `fresh`: Table 1's fresh-anchor control (values read the current shallow state)."""
     pt = p.posttrain
     split = SplitDiffusionGemma(base, pt.shared_layers, pt.anchor_layers, pt.denoiser_layers)
     with torch.device(base.device):
-        fusion = PairedAttentionFusion(split.hidden_size, pt.fusion_rank, pt.gate_bias_init)
+        fusion = PairedAttentionFusion(split.hidden_size, pt.fusion_rank, pt.gate_bias_init,
+                                       values="state" if fresh else "change")
     return TimeAnchoredDiffusionGemma(split, fusion)
 
 
@@ -96,7 +100,7 @@ def save_fusion(tadm: TimeAnchoredDiffusionGemma, out_dir: Path, base: str, extr
     with atomic_path(out_dir / "fusion.safetensors") as tmp:
         save_file(weights, str(tmp))
     record = {"hidden_size": tadm.fusion.hidden_size, "rank": tadm.fusion.rank, "split": list(tadm.split.split),
-              "base_model": base, "parameters": tadm.fusion.num_parameters, **(extra or {})}
+              "values": tadm.fusion.values, "base_model": base, "parameters": tadm.fusion.num_parameters, **(extra or {})}
     atomic_write_json(out_dir / "fusion.json", record)
 
 
@@ -107,9 +111,10 @@ def load_fusion(tadm: TimeAnchoredDiffusionGemma, fusion_dir: Path) -> dict:
     if not record_path.is_file() or not weights_path.is_file():
         raise DataError(f"{fusion_dir}: fusion.json / fusion.safetensors missing (run dvc repro dg_posttrain)")
     record = json.loads(record_path.read_text())
-    have = {"hidden_size": tadm.fusion.hidden_size, "rank": tadm.fusion.rank, "split": list(tadm.split.split)}
+    have = {"hidden_size": tadm.fusion.hidden_size, "rank": tadm.fusion.rank, "split": list(tadm.split.split),
+            "values": tadm.fusion.values}
     for key, value in have.items():
-        if record.get(key) != value:
+        if record.get(key, "change" if key == "values" else None) != value:  # records before the control: "change"
             raise ConfigError(f"posttrain ({key})", f"{fusion_dir} was trained with {key}={record.get(key)}, the model has {value}")
     tadm.fusion.load_state_dict({k: v.to(tadm.fusion.q.weight.dtype) for k, v in load_file(str(weights_path)).items()})
     return record

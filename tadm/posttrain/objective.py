@@ -17,6 +17,12 @@ D(Phi(S(z); C0, H0)) is trained with
 the teacher being the frozen model with a fresh anchor, D(A(S(z))). At k = 0 the fusion
 returns H0 exactly (c = C0), so that part of the batch only anchors the loss value.
 
+Table 1's fresh-anchor control (``fresh=True``, a fusion with ``values="state"``) takes the same
+draws (times, noise, self-conditioning coin, cache age k, rollout draws) and the same loss, but
+its policy never reuses an anchor: every rollout step and the trained state use
+D(Phi(c; c, A(c))), the anchor recomputed on the current canvas. Only the anchor's age differs
+from TADM's training, so Delta(TADM - control) in Table 1 isolates anchor reuse.
+
 Every random draw comes from the generator it is given, on that generator's device (a CUDA
 generator draws CUDA tensors), so a training step is reproducible on any device.
 """
@@ -113,11 +119,14 @@ def draw_cache_age(probs: list[float], gen: torch.Generator) -> int:
 
 
 def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: torch.Generator, cfg,
-                   rollout: Rollout) -> tuple[torch.Tensor, dict]:
-    """CE + KD of the fused prediction at an on-policy state with a k-step-old anchor.
+                   rollout: Rollout, fresh: bool = False) -> tuple[torch.Tensor, dict]:
+    """CE + KD of the fused prediction at an on-policy state with a k-step-old anchor
+    (`fresh`: the fresh-anchor control -- the same draws and loss, the anchor always recomputed).
 
     `fusion` may be DDP-wrapped; `cfg` is the posttrain config section.
     """
+    if fresh:
+        return _fresh_anchor_loss(split, fusion, batch, gen, cfg, rollout)
     base, vocab = split.base, split.text_config.vocab_size
     with torch.no_grad():
         cache = base.model.encoder(input_ids=batch.context, attention_mask=batch.context_mask).cache
@@ -150,4 +159,46 @@ def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: 
     kd = F.kl_div(F.log_softmax(student / tau, -1).flatten(0, 1), F.log_softmax(teacher / tau, -1).flatten(0, 1),
                   log_target=True, reduction="batchmean") * tau**2
     # the logged terms stay on the device: the loop reads them once per logged step
+    return ce + cfg.kd_weight * kd, {"ce": ce.detach(), "kd": kd.detach(), "age": k}
+
+
+def _fresh_anchor_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: torch.Generator, cfg,
+                       rollout: Rollout) -> tuple[torch.Tensor, dict]:
+    """:func:`posttrain_loss` of the fresh-anchor control: the draws in the same order, the
+    policy D(Phi(c; c, A(c))) at every step (no anchor reuse), the same CE + KD."""
+    base, vocab = split.base, split.text_config.vocab_size
+    with torch.no_grad():
+        cache = base.model.encoder(input_ids=batch.context, attention_mask=batch.context_mask).cache
+        mask = batch.decoder_mask
+        t = antithetic_times(len(batch.target), gen, batch.target.device)
+        z = uniform_noise(batch.target, t, vocab, gen)
+        step = rollout.cur_step(float(t.mean()))
+        inputs = split.prepare(z, cache, mask)
+
+        def policy(c):
+            h = split.anchor(c, inputs)
+            return split.denoise(fusion(c, c, h), inputs), h
+
+        sc = None
+        if float(torch.rand((), generator=gen, device=gen.device)) < cfg.self_cond_p:
+            sc = rollout.tempered(policy(split.shared(z, inputs))[0], step)
+        c = split.shared(z, inputs, sc)
+        h = split.anchor(c, inputs)
+        k = draw_cache_age(cfg.cache_age_probs, gen)  # drawn as in TADM's loss: the same random stream
+        if k:
+            logits = split.denoise(fusion(c, c, h), inputs)
+        for j in range(k):  # the control's own sampler, stop-gradient
+            sc = rollout.tempered(logits, step)
+            z = rollout.step(z, sc, step, gen)
+            step = max(1, step - 1)
+            c = split.shared(z, inputs, sc)
+            h = split.anchor(c, inputs)
+            if j < k - 1:
+                logits = split.denoise(fusion(c, c, h), inputs)
+        teacher = split.denoise(h, inputs)
+    student = split.denoise(fusion(c, c, h), inputs)
+    tau = cfg.kd_temperature
+    ce = F.cross_entropy(student.flatten(0, 1), batch.target.flatten())
+    kd = F.kl_div(F.log_softmax(student / tau, -1).flatten(0, 1), F.log_softmax(teacher / tau, -1).flatten(0, 1),
+                  log_target=True, reduction="batchmean") * tau**2
     return ce + cfg.kd_weight * kd, {"ce": ce.detach(), "kd": kd.detach(), "age": k}

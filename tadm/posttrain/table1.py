@@ -1,10 +1,18 @@
-"""Table 1: the frozen DiffusionGemma against TADM:Post-train at K = 1, 2, 3.
+"""Table 1: the frozen DiffusionGemma against TADM:Post-train at K = 1, 2, 3, and a control.
+
+The control ("Control (fresh anchor)", ``models/dg_fresh``) is trained by the same trainer on
+the same data, steps and seed with the same objective (CE + KD) and fusion size, but its anchor
+is recomputed at every step (``train_fusion(fresh=True)``); it is evaluated with K = 1. The
+CE term fine-tunes on the SFT data whether or not the anchor is reused, so TADM's delta vs the
+base mixes that fine-tuning with the effect of reuse; its delta vs the control isolates reuse.
 
 For every task of ``posttrain.tasks`` and every seed of ``posttrain.seeds``, each method
 generates with DiffusionGemma's entropy-bound sampler (``generate`` of transformers for the
 base; the same loop with the anchor refreshed every K steps for TADM) and is scored:
 
-    accuracy (mean over seeds, in %), delta in points vs the base,
+    accuracy (mean over seeds, in %), delta in points vs the base and vs the control (each
+             ± the sd over seeds of the per-seed differences: every method is sampled with
+             the same seeds),
     tokens/s end to end (prompt encoding + every denoising step + decoding of the canvases;
              all generated canvas positions counted; methods interleaved, median of
              ``throughput_repeats`` rounds on the same batch),
@@ -147,8 +155,12 @@ class DecoderProbe:
         del self.owner.forward  # the class's forward again
 
 
+CONTROL = "Control (fresh anchor)"  # Table 1's control row (models/dg_fresh, K = 1)
+
+
 class Method:
-    """One row of Table 1: the base (refresh_every None) or TADM with K."""
+    """One row of Table 1: the base (refresh_every None), TADM with K, or the fresh-anchor
+    control (a TimeAnchoredDiffusionGemma whose fusion acts on the fresh anchor, K = 1)."""
 
     def __init__(self, label: str, base, tadm: TimeAnchoredDiffusionGemma, refresh_every: int | None):
         self.label, self.base, self.tadm, self.k = label, base, tadm, refresh_every
@@ -267,9 +279,11 @@ class Runner:
         return out
 
 
-def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None) -> tuple[list[Method], object]:
-    """The base and TADM at every K of posttrain.refresh_every (trained fusion loaded), on the
-    device of `dist` (None: `runtime.setup(p.runtime)`)."""
+def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None,
+                  control: bool = True) -> tuple[list[Method], object]:
+    """The base, the fresh-anchor control (`control`; its fusion from models/dg_fresh) and TADM
+    at every K of posttrain.refresh_every (trained fusion loaded), on the device of `dist`
+    (None: `runtime.setup(p.runtime)`)."""
     from tadm.data.tokenizer import load_tokenizer
 
     d = dist or runtime.setup(p.runtime)
@@ -278,14 +292,22 @@ def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None =
     tadm = dgm.build_tadm(base, p)
     dgm.load_fusion(tadm, root / dgm.TADM_DIR)
     tadm.fusion.to(dtype=base.dtype).eval()
-    methods = [Method("Base", base, tadm, None)] + [Method(f"TADM K={k}", base, tadm, k) for k in p.posttrain.refresh_every]
+    methods = [Method("Base", base, tadm, None)]
+    if control:
+        fresh = dgm.build_tadm(base, p, fresh=True)
+        dgm.load_fusion(fresh, root / dgm.FRESH_DIR)
+        fresh.fusion.to(dtype=base.dtype).eval()
+        methods.append(Method(CONTROL, base, fresh, 1))
+    methods += [Method(f"TADM K={k}", base, tadm, k) for k in p.posttrain.refresh_every]
     return methods, load_tokenizer(source)
 
 
 def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out: Path | None = None,
-        log=print, dist: runtime.Dist | None = None, unsafe_host_execution: bool = False) -> dict:
+        log=print, dist: runtime.Dist | None = None, unsafe_host_execution: bool = False,
+        control: bool = True) -> dict:
     """Score every method on every task and seed; measure speed; write results/table1.json.
-    `unsafe_host_execution`: see `load_task` (an explicit opt-in; off by default).
+    `unsafe_host_execution`: see `load_task` (an explicit opt-in; off by default). `control`:
+    include the fresh-anchor control row (models/dg_fresh).
     On the device of `dist` (None: `runtime.setup(p.runtime)`); with runtime.nproc > 1 (and not
     under torchrun already) in torchrun workers (`tadm.experiments.worker`), whose result is
     returned."""
@@ -294,9 +316,9 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
     if worker.needs_launch(p):
         return worker.launch("table1", p, {"root": str(root), "sft_dir": str(sft_dir),
                                            "out": str(out or root / "results" / "table1.json"),
-                                           "unsafe_host_execution": unsafe_host_execution})
+                                           "unsafe_host_execution": unsafe_host_execution, "control": control})
     d = dist or runtime.setup(p.runtime)
-    methods, tok = build_methods(p, root, d)
+    methods, tok = build_methods(p, root, d, control)
     runner = Runner(p, tok, methods, d)
     pt = p.posttrain
     results = {"steps": pt.sample_steps, "split": list(methods[0].tadm.split.split),
@@ -317,7 +339,7 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
                 bar.update()
             rows[m.label] = {"accuracy": statistics.mean(accs), "accuracy_seeds": accs,
                              "accuracy_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-                             "refresh_every": m.k, "layer_calls": calls,
+                             "refresh_every": m.k, "control": m.label == CONTROL, "layer_calls": calls,
                              "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps),
                              "examples": samples[0]}
         bar.close()
@@ -334,6 +356,15 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
 # ----------------------------------------------------------------------------- the table
 
 
+def paired_delta(m: dict, ref: dict | None) -> tuple[float, float]:
+    """Accuracy of `m` minus `ref` in points, and the sd over seeds of the per-seed differences
+    (both rows are sampled with the same seeds); NaN without a reference row."""
+    if ref is None:
+        return float("nan"), float("nan")
+    diffs = [a - b for a, b in zip(m["accuracy_seeds"], ref["accuracy_seeds"])]
+    return m["accuracy"] - ref["accuracy"], statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+
+
 def frame(results: dict):
     """Table 1 as a pandas frame: one line per (task, method)."""
     import pandas as pd
@@ -341,13 +372,18 @@ def frame(results: dict):
     lines = []
     for task, r in results["tasks"].items():
         base = r["methods"]["Base"]
+        control = r["methods"].get(CONTROL)
         for label, m in r["methods"].items():
             speedup = m["tokens_per_s"] / base["tokens_per_s"]
             bound = base["flops"] / m["flops"]
             dec_speedup = statistics.median(base["decoder_seconds"]) / statistics.median(m["decoder_seconds"])
             dec_bound = base["decoder_flops"] / m["decoder_flops"]
+            delta, delta_sd = paired_delta(m, base)
+            delta_ctl, delta_ctl_sd = paired_delta(m, control)
             lines.append({"task": task, "method": label, "accuracy": m["accuracy"], "sd": m["accuracy_sd"],
-                          "delta_pts": m["accuracy"] - base["accuracy"], "tokens_per_s": m["tokens_per_s"],
+                          "delta_pts": delta, "delta_sd": delta_sd,
+                          "delta_control_pts": delta_ctl, "delta_control_sd": delta_ctl_sd,
+                          "tokens_per_s": m["tokens_per_s"],
                           "throughput_x": speedup,
                           "compute_x": m["layer_calls"] / base["layer_calls"],
                           "flop_bound_x": bound, "measured_over_bound": speedup / bound,
@@ -357,23 +393,34 @@ def frame(results: dict):
     return pd.DataFrame(lines)
 
 
+def _pm(v: float, sd: float) -> str:
+    return "–" if v != v else f"{v:+.1f} ± {sd:.1f}"
+
+
 def to_markdown(df) -> str:
-    head = ("| Task | Method | Accuracy (%) | Δ (pts) | Tokens/s | Throughput | Compute | FLOP bound | measured/bound "
-            "| decoder share of time | decoder speed-up | decoder FLOP bound | measured/bound |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| Task | Method | Accuracy (%) | Δ vs base (pts) | Δ vs control (pts) | Tokens/s | Throughput | Compute "
+            "| FLOP bound | measured/bound | decoder share of time | decoder speed-up | decoder FLOP bound | measured/bound |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
-        f"| {r.task} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {r.delta_pts:+.1f} | {r.tokens_per_s:,.0f} | "
+        f"| {r.task} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {_pm(r.delta_pts, r.delta_sd)} | "
+        f"{_pm(r.delta_control_pts, r.delta_control_sd)} | {r.tokens_per_s:,.0f} | "
         f"{r.throughput_x:.2f}x | {r.compute_x:.2f}x | {r.flop_bound_x:.2f}x | {r.measured_over_bound:.2f} | "
         f"{r.decoder_share:.0%} | {r.decoder_speedup_x:.2f}x | {r.decoder_bound_x:.2f}x | {r.decoder_measured_over_bound:.2f} |\n"
         for r in df.itertuples())
-    return head + body
+    note = ("\nΔ: accuracy minus the base's / the control's, ± the sd over seeds of the per-seed differences. "
+            "Control: the same fusion recipe (data, steps, seed, CE + KD) trained and evaluated with the anchor "
+            "recomputed at every step; Δ vs control isolates anchor reuse from the fine-tuning of the CE term.\n")
+    return head + body + note
 
 
 def metrics_dict(df) -> dict:
     out = {}
     for r in df.itertuples():
-        key = f"{r.task}_{r.method.replace(' ', '').replace('=', '')}"
-        out.update({f"{key}_accuracy": round(r.accuracy, 3), f"{key}_throughput_x": round(r.throughput_x, 4),
+        key = f"{r.task}_{r.method.replace(' ', '').replace('=', '').replace('(', '').replace(')', '')}"
+        deltas = {f"{key}_delta_pts": round(r.delta_pts, 3)}
+        if r.delta_control_pts == r.delta_control_pts:  # NaN without a control row
+            deltas[f"{key}_delta_control_pts"] = round(r.delta_control_pts, 3)
+        out.update({f"{key}_accuracy": round(r.accuracy, 3), **deltas, f"{key}_throughput_x": round(r.throughput_x, 4),
                     f"{key}_compute_x": round(r.compute_x, 4), f"{key}_measured_over_bound": round(r.measured_over_bound, 4),
                     f"{key}_decoder_measured_over_bound": round(r.decoder_measured_over_bound, 4)})
     return out

@@ -18,7 +18,8 @@ order in which gradients are summed) -- not those of 1 process with the same gra
 - ``train_fusion``: TADM:Post-train -- only the fusion's parameters train and are saved
   (``models/dg_tadm``); the base is frozen in ``posttrain.precision``. AdamW with the paper's
   betas (0.95, 0.99), weight decay, cosine with warm-up, min lr ratio, gradient accumulation,
-  clipping at 1.0 (App. C.1).
+  clipping at 1.0 (App. C.1). ``fresh=True``: Table 1's control, the same recipe with the anchor
+  always fresh (``models/dg_fresh``, checkpoints ``dg_posttrain_fresh``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ SFT_DIR = Path("data/sft")
 CODE = {"dg_base": ("posttrain/data.py", "posttrain/objective.py", "posttrain/model.py", "posttrain/train.py",
                     "train/checkpoint.py")}
 CODE["dg_posttrain"] = CODE["dg_base"] + ("posttrain/backbone.py", "posttrain/fusion.py", "posttrain/anchored.py")
+CODE["dg_posttrain_fresh"] = CODE["dg_posttrain"]
 # Settings that define each run's objective (recorded in its checkpoints; a change is refused).
 # The steps stay in: both runs decay the learning rate on a cosine that ends at their `steps`,
 # so more steps change the learning rate of every step after warm-up -- a run cannot be
@@ -210,8 +212,14 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
 
 
 def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log=print,
-                 restart: bool = False) -> dict:
-    """TADM:Post-train: train the fusion of a frozen DiffusionGemma (posttrain section)."""
+                 restart: bool = False, fresh: bool = False) -> dict:
+    """TADM:Post-train: train the fusion of a frozen DiffusionGemma (posttrain section).
+
+    `fresh`: Table 1's control instead -- the same recipe (data, steps, seed, optimiser, CE + KD,
+    rollouts) with the anchor recomputed at every step (``objective.posttrain_loss(fresh=True)``),
+    run ``dg_posttrain_fresh``, saved to ``models/dg_fresh``."""
+    name = "dg_posttrain_fresh" if fresh else "dg_posttrain"
+    command = "python -m tadm dg-posttrain" + (" --fresh-anchor" if fresh else "")
     from tadm.data.tokenizer import load_tokenizer
 
     d = runtime.setup(p.runtime)
@@ -222,31 +230,32 @@ def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log
     pad, _ = _pad_and_eos(tokenizer)
     data = SftCanvases(sft_dir, "train", pt.canvas_length, pt.max_context_tokens, pad)
     torch.manual_seed(_seed(pt.seed, 0xF0))
-    tadm = dgm.build_tadm(base, p)
+    tadm = dgm.build_tadm(base, p, fresh=fresh)
     fusion = tadm.fusion.float().train()
     if d.main:
-        log(f"fusion: {fusion.num_parameters:,} trainable parameters (rank {pt.fusion_rank}, split {tadm.split.split})")
+        log(f"{'fresh-anchor control' if fresh else 'fusion'}: {fusion.num_parameters:,} trainable parameters "
+            f"(rank {pt.fusion_rank}, split {tadm.split.split})")
     opt = adamw(fusion.parameters(), d.device, lr=pt.lr, betas=tuple(pt.betas), eps=1e-8, weight_decay=pt.weight_decay)
     rollout = Rollout(pt.sample_steps, pt.entropy_bound, tuple(pt.temperature), pt.canvas_length,
                       base.config.text_config.vocab_size)
-    settings = _settings("dg_posttrain", p, sft_dir, {"base": source, "base_hash": _base_hash(source)})
+    settings = _settings(name, p, sft_dir, {"base": source, "base_hash": _base_hash(source)})
     autocast = runtime.autocast(d.device, pt.precision)
 
     def loss_fn(net, indices, gen):
         with autocast:
-            return posttrain_loss(tadm.split, net, data.batch(indices).to(d.device), gen, pt, rollout)
+            return posttrain_loss(tadm.split, net, data.batch(indices).to(d.device), gen, pt, rollout, fresh=fresh)
 
-    history = _loop("dg_posttrain", fusion, loss_fn, steps=pt.steps, batch=pt.batch_size, micro=pt.grad_accum,
+    history = _loop(name, fusion, loss_fn, steps=pt.steps, batch=pt.batch_size, micro=pt.grad_accum,
                     n_data=len(data), lr_at=lambda s: cosine_lr(s, pt.lr, pt.warmup_steps, pt.steps, pt.min_lr_ratio),
-                    opt=opt, clip=pt.grad_clip, run_dir=root / "checkpoints" / "dg_posttrain", settings=settings,
+                    opt=opt, clip=pt.grad_clip, run_dir=root / "checkpoints" / name, settings=settings,
                     seed=pt.seed, log_every=pt.log_every, checkpoint_every=pt.checkpoint_every, d=d, log=log,
-                    restart=restart, compile=p.runtime.compile, command="python -m tadm dg-posttrain")
-    summary = {"run": "dg_posttrain", "steps": pt.steps, "fusion_parameters": fusion.num_parameters,
+                    restart=restart, compile=p.runtime.compile, command=command)
+    summary = {"run": name, "steps": pt.steps, "fusion_parameters": fusion.num_parameters,
                "split": list(tadm.split.split), "base_model": source,
                "final_loss": history[-1]["loss"] if history else None}
     if d.main:
-        dgm.save_fusion(tadm, root / dgm.TADM_DIR, source, {"steps": pt.steps})
-        atomic_write_json(root / "metrics" / "posttrain" / "dg_posttrain.json", {**summary, "history": history})
+        dgm.save_fusion(tadm, root / (dgm.FRESH_DIR if fresh else dgm.TADM_DIR), source, {"steps": pt.steps})
+        atomic_write_json(root / "metrics" / "posttrain" / f"{name}.json", {**summary, "history": history})
     return summary
 
 

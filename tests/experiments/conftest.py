@@ -70,7 +70,8 @@ def table2_raw(workspace: Path, evaluator_dir: Path, **overrides) -> dict:
 @pytest.fixture(scope="session")
 def posttrain_workspace(micro_packed, tmp_path_factory) -> Path:
     """A directory laid out like the repository for Table 1 and the ASRD comparison: the
-    tokenizer, the SFT data, a tiny random DiffusionGemma base with a fusion, and the ASRD
+    tokenizer, the SFT data, a tiny random DiffusionGemma base with a fusion and a fresh-anchor
+    control's fusion, and the ASRD
     masked model (trained for the micro profile's 4 steps)."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
@@ -97,6 +98,11 @@ def posttrain_workspace(micro_packed, tmp_path_factory) -> Path:
         for q in tadm.fusion.parameters():
             q.add_(0.05 * torch.randn_like(q))
     dgm.save_fusion(tadm, root / dgm.TADM_DIR, "local")
+    control = dgm.build_tadm(base, p, fresh=True)  # Table 1's fresh-anchor control, as perturbed
+    with torch.no_grad():
+        for q in control.fusion.parameters():
+            q.add_(0.05 * torch.randn_like(q))
+    dgm.save_fusion(control, root / dgm.FRESH_DIR, "local")
     train_asrd(p, tok, root, log=lambda *_: None)
     return root
 

@@ -64,7 +64,7 @@ def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path)
         assert json.loads((tmp_path / f"table1_{nproc}.json").read_text()) == results[nproc]
     one, two = results[1]["tasks"]["arithmetic"], results[2]["tasks"]["arithmetic"]
     assert one["n"] == two["n"] == 8  # three prompt batches of 3, 3, 2
-    assert list(one["methods"]) == list(two["methods"]) == ["Base", "TADM K=1", "TADM K=2", "TADM K=3"]
+    assert list(one["methods"]) == list(two["methods"]) == ["Base", table1.CONTROL, "TADM K=1", "TADM K=2", "TADM K=3"]
     for label in one["methods"]:
         _same(one["methods"][label], two["methods"][label],
               ("accuracy_seeds", "layer_calls", "examples", "flops", "decoder_flops", "layer_calls_per_step"))

@@ -1,0 +1,146 @@
+"""Table 1's fresh-anchor control (issue 15, item 6): the same fusion recipe with the anchor
+recomputed at every step. With TADM's own fusion a fresh anchor trains nothing (c == C0 makes
+the correction vanish), so a control made by cache_age_probs [1, 0, 0] would be the base
+itself; the control's fusion reads the current shallow state and so fine-tunes like TADM does,
+and Table 1 reports TADM's delta against it (anchor reuse alone) beside the delta vs the base."""
+
+import json
+
+import pytest
+import torch
+
+from tests.posttrain.conftest import CANVAS
+from tests.posttrain.test_posttrain_core import gen_kwargs, prompts
+from tests.posttrain.test_posttrain_train import batch, params, step
+
+from tadm.errors import ConfigError
+from tadm.posttrain import model as dgm
+from tadm.posttrain import table1
+from tadm.posttrain.objective import Rollout, posttrain_loss
+
+
+def control_step(ctl, p, b, seed=0):
+    rollout = Rollout(p.posttrain.sample_steps, 0.1, (0.8, 0.4), CANVAS, 64)
+    loss, logs = posttrain_loss(ctl.split, ctl.fusion, b, torch.Generator().manual_seed(seed), p.posttrain, rollout,
+                                fresh=True)
+    loss.backward()
+    return loss, logs, {n: q.grad.clone() for n, q in ctl.fusion.named_parameters()}
+
+
+def test_the_fresh_anchor_control_fine_tunes_where_tadms_fusion_cannot(tiny_base):
+    p = params(**{"posttrain.cache_age_probs": [1.0, 0.0, 0.0]})  # the anchor is always fresh
+    tadm = dgm.build_tadm(tiny_base, p)
+    _, logs, grads = step(tadm, p, batch())
+    assert logs["age"] == 0 and all(torch.count_nonzero(g) == 0 for g in grads.values())  # TADM: nothing to learn
+    ctl = dgm.build_tadm(tiny_base, p, fresh=True)
+    assert ctl.fusion.num_parameters == tadm.fusion.num_parameters  # the same size of fusion
+    loss, logs, grads = control_step(ctl, p, batch())
+    assert torch.isfinite(loss) and logs["age"] == 0
+    assert logs["kd"] == pytest.approx(0.0, abs=1e-6)  # zero-initialised up-projection: starts at the base
+    assert grads["up.weight"].abs().sum() > 0  # ... and the CE term moves it: the fine-tuning TADM also gets
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_control_draws_the_same_cache_ages_and_rolls_out_with_a_fresh_anchor(tiny_base, seed):
+    p = params()  # cache_age_probs (0.34, 0.33, 0.33)
+    tadm, ctl = dgm.build_tadm(tiny_base, p), dgm.build_tadm(tiny_base, p, fresh=True)
+    _, t_logs, _ = step(tadm, p, batch(), seed)
+    loss, c_logs, grads = control_step(ctl, p, batch(), seed)
+    assert c_logs["age"] == t_logs["age"] and torch.isfinite(loss)
+    assert grads["up.weight"].abs().sum() > 0  # every age trains the control, age 0 included
+
+
+def test_the_control_at_k1_never_reuses_and_applies_its_fusion_every_step(tiny_base):
+    p = params()
+    ids = prompts(seed=3)
+    torch.manual_seed(5)
+    ref = tiny_base.generate(ids, **gen_kwargs()).sequences
+    ctl = dgm.build_tadm(tiny_base, p, fresh=True)
+    torch.manual_seed(5)
+    assert torch.equal(ctl.generate(ids, refresh_every=1, **gen_kwargs()).sequences, ref)  # untrained: the base
+    with torch.no_grad():
+        for q in ctl.fusion.parameters():
+            q.normal_(0, 0.5)
+    ctl.reset()
+    torch.manual_seed(5)
+    out = ctl.generate(ids, refresh_every=1, **gen_kwargs()).sequences
+    assert not torch.equal(out, ref)  # a trained control's fusion acts on the fresh anchor
+    assert ctl.counters.refreshes == ctl.counters.steps == 12  # and the anchor is recomputed at every step
+    tadm = dgm.build_tadm(tiny_base, p)
+    tadm.fusion.load_state_dict(ctl.fusion.state_dict())
+    torch.manual_seed(5)
+    assert torch.equal(tadm.generate(ids, refresh_every=1, **gen_kwargs()).sequences, ref)  # TADM's K = 1: the base
+
+
+def test_a_control_fusion_is_not_loaded_as_tadms(tmp_path, tiny_base):
+    p = params()
+    ctl = dgm.build_tadm(tiny_base, p, fresh=True)
+    dgm.save_fusion(ctl, tmp_path, "tiny")
+    assert json.loads((tmp_path / "fusion.json").read_text())["values"] == "state"
+    with pytest.raises(ConfigError, match="values=state"):
+        dgm.load_fusion(dgm.build_tadm(tiny_base, p), tmp_path)
+    dgm.load_fusion(dgm.build_tadm(tiny_base, p, fresh=True), tmp_path)
+
+
+def _row(accs, tps=100.0, calls=300, control=False, k=None):
+    return {"accuracy": sum(accs) / len(accs), "accuracy_seeds": accs, "accuracy_sd": 1.0, "refresh_every": k,
+            "control": control, "layer_calls": calls, "tokens_per_s": tps, "seconds": [1.0], "decoder_seconds": [0.9],
+            "flops": 10.0 * calls, "decoder_flops": 9.0 * calls}
+
+
+def results():
+    methods = {"Base": _row([20.0, 22.0, 24.0]), table1.CONTROL: _row([30.0, 31.0, 35.0], control=True, k=1),
+               "TADM K=1": _row([20.0, 22.0, 24.0], k=1), "TADM K=2": _row([29.0, 31.0, 33.0], 150.0, 200, k=2)}
+    return {"tasks": {"arithmetic": {"n": 10, "methods": methods}}}
+
+
+def test_table1_reports_delta_vs_base_and_vs_the_control_with_their_spread():
+    df = table1.frame(results()).set_index("method")
+    assert list(df.index) == ["Base", table1.CONTROL, "TADM K=1", "TADM K=2"]
+    k2 = df.loc["TADM K=2"]
+    assert k2.delta_pts == pytest.approx(9.0) and k2.delta_sd == pytest.approx(0.0)  # +9 on every seed
+    assert k2.delta_control_pts == pytest.approx(-1.0)  # the fine-tuning's share removed: reuse costs 1 point
+    assert k2.delta_control_sd == pytest.approx(1.0)  # per-seed differences -1, 0, -2
+    assert df.loc[table1.CONTROL].delta_control_pts == 0 and df.loc["Base"].delta_pts == 0
+    md = table1.to_markdown(df.reset_index())
+    assert "Δ vs control (pts)" in md and "| -1.0 ± 1.0 |" in md and "| +9.0 ± 0.0 |" in md
+    metrics = table1.metrics_dict(df.reset_index())
+    assert metrics["arithmetic_TADMK2_delta_control_pts"] == -1.0
+    assert metrics["arithmetic_Controlfreshanchor_accuracy"] == pytest.approx(32.0)
+    no_control = results()
+    del no_control["tasks"]["arithmetic"]["methods"][table1.CONTROL]
+    df = table1.frame(no_control)
+    assert df.delta_control_pts.isna().all() and "| – |" in table1.to_markdown(df)
+
+
+def test_the_accuracy_claim_compares_tadm_with_the_control(tmp_path):
+    from tadm import config
+    from tadm.experiments import claims as C
+
+    p = config.load(config.PROFILES_DIR / "default.yaml")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "table1.json").write_text(json.dumps(results() | {"split": [1, 10, 4]}))
+    got = {c.id: c for c in C.claims(C.read_inputs(p, tmp_path))}["posttrain_accuracy"]
+    assert got.value == pytest.approx(-1.0) and got.se == pytest.approx(1.0)  # vs the control, not +9
+    assert got.verdict == C.REPRODUCED and "control (fresh anchor) 32.0 %" in got.notes
+    r = results()
+    r["tasks"]["arithmetic"]["methods"]["TADM K=2"]["accuracy_seeds"] = [20.0, 21.0, 22.0]  # 11 points below it
+    r["tasks"]["arithmetic"]["methods"]["TADM K=2"]["accuracy"] = 21.0
+    (tmp_path / "results" / "table1.json").write_text(json.dumps(r | {"split": [1, 10, 4]}))
+    got = {c.id: c for c in C.claims(C.read_inputs(p, tmp_path))}["posttrain_accuracy"]
+    assert got.verdict == C.NOT  # within noise of the base (-1 ± 1), 11 points below the control
+
+
+def test_the_cli_trains_the_control_and_hands_the_flag_to_torchrun(monkeypatch):
+    from tadm import cli, runtime
+    from tadm.posttrain import train
+
+    seen = {}
+    monkeypatch.setattr(runtime, "relaunch", lambda n, argv: (seen.update(argv=argv), True)[1])
+    monkeypatch.setattr(cli, "_params", lambda args: params(**{"runtime.nproc": 2}))
+    assert cli.main(["dg-posttrain", "--fresh-anchor"]) == 0
+    assert seen["argv"][-3:] == ["--sft", "data/sft", "--fresh-anchor"]
+    monkeypatch.setattr(runtime, "relaunch", lambda n, argv: False)
+    monkeypatch.setattr(train, "train_fusion", lambda p, **kw: (seen.update(kw=kw), {"run": "stub"})[1])
+    assert cli.main(["dg-posttrain", "--fresh-anchor"]) == 0
+    assert seen["kw"]["fresh"] is True

@@ -146,6 +146,37 @@ def growth(table, age: int | None = None) -> tuple[float, float]:
     return float(ratio), float(abs(ratio) * math.sqrt((a.kl_fused_se / a.kl_fused) ** 2 + (b.kl_fused_se / b.kl_fused) ** 2))
 
 
+def growth_note(table, target: float = 10.0) -> str:
+    """One paragraph, with this run's numbers, on how the stale-vs-fresh KL grows with cache age
+    against `target` (the growth from age 1 to the oldest age that issue 14 asks for), and why
+    it falls short when it does: the unfused reuse KL's power law in the age (a log-log fit,
+    KL_reused ~ age^p) bounds the growth to about oldest^p, so `target` needs
+    p >= log(target) / log(oldest); the fusion's recovery sets how much of it reaches the output."""
+    import math
+
+    import numpy as np
+
+    top = int(table.index.max())
+    fused, fused_se = growth(table)
+    aged = table.loc[[a for a in table.index if a >= 1]]
+    reused = float(aged.kl_reused.loc[top] / aged.kl_reused.loc[1])
+    pos = aged[aged.kl_reused > 0]  # a log-log fit needs positive KLs at two ages or more
+    p = (float(np.polyfit(np.log(pos.index.to_numpy(dtype=float)), np.log(pos.kl_reused.to_numpy(dtype=float)), 1)[0])
+         if len(pos) >= 2 else float("nan"))
+    need = math.log(target) / math.log(top) if top > 1 else float("inf")
+    rec1, rec_top = float(aged.recovery.loc[1]), float(aged.recovery.loc[top])
+    text = (f"From cache age 1 to {top} the KL of the fused prediction from the fresh one grows {fused:.1f}x "
+            f"(± {fused_se:.1f}x; {aged.kl_fused.loc[1]:.2e} -> {aged.kl_fused.loc[top]:.2e} nats/token) and that of "
+            f"the reused, unfused anchor {reused:.1f}x ({aged.kl_reused.loc[1]:.2e} -> {aged.kl_reused.loc[top]:.2e}); "
+            f"the target is {target:g}x.")
+    if fused >= target:
+        return text + " The target is met."
+    return text + (f" Not met, because the reuse KL grows as age^{p:.2f} (log-log fit over ages 1..{top}), close to "
+                   f"linear, and {target:g}x over ages 1..{top} needs an exponent of at least {need:.2f}; the fusion "
+                   f"then closes {rec1:.3f} of the gap at age 1 and {rec_top:.3f} at age {top}, more as the cache ages, "
+                   f"so the fused KL grows less still.")
+
+
 def figure(df):
     """Four panels from `measure`'s rows (a DataFrame with a "t bin" column): anchor similarity
     and distance, the prediction gap with and without the fusion, and the share it recovers,

@@ -137,20 +137,16 @@ def no_tensor_read(monkeypatch):
     monkeypatch.setattr(llada, "read_safetensors", refuse)
 
 
-def test_missing_tensor_is_one_line(tmp_path, no_tensor_read):
+@pytest.mark.parametrize("change,expected", [
+    ({"drop": "model.transformer.blocks.1.up_proj.weight"}, "missing model.transformer.blocks.1.up_proj.weight"),
+    ({"add": "model.transformer.blocks.0.o_proj.weight"}, "unexpected model.transformer.blocks.0.o_proj.weight"),
+], ids=["missing", "unexpected"])
+def test_missing_or_unexpected_tensor_is_one_line(tmp_path, no_tensor_read, change, expected):
     directory = write_release(tmp_path, tiny_model())
-    _rewrite(directory, drop="model.transformer.blocks.1.up_proj.weight")
+    _rewrite(directory, **change)
     with pytest.raises(CheckpointError) as e:
         llada.load_llada(directory)
-    assert "missing model.transformer.blocks.1.up_proj.weight" in one_line(e)
-
-
-def test_unexpected_tensor_is_one_line(tmp_path, no_tensor_read):
-    directory = write_release(tmp_path, tiny_model())
-    _rewrite(directory, add="model.transformer.blocks.0.o_proj.weight")
-    with pytest.raises(CheckpointError) as e:
-        llada.load_llada(directory)
-    assert "unexpected model.transformer.blocks.0.o_proj.weight" in one_line(e)
+    assert expected in one_line(e)
 
 
 @pytest.mark.parametrize("change, expected", [

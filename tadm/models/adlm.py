@@ -29,7 +29,7 @@ class ADLM(TadmModel):
     def __init__(self, cfg: ModelConfig, vocab_size: int, seq_len: int):
         super().__init__(cfg, vocab_size, seq_len)
         d, n_out = cfg.d_model, vocab_size + 1
-        stack = dict(d_model=d, n_heads=cfg.n_heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout)
+        stack = dict(d_model=d, n_heads=cfg.n_heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout, gelu=cfg.gelu)
         # anchor network
         self.embed = token_embedding(n_out, d)
         self.anchor_cond = ConditionEmbedder()

@@ -68,7 +68,7 @@ class AR(TadmModel):
         d = cfg.d_model
         self.embed = token_embedding(vocab_size, d)
         self.cond = ConditionEmbedder()
-        self.blocks = DiTStack(cfg.mdlm_layers, d, cfg.n_heads, cfg.mlp_ratio, dropout=cfg.dropout, causal=True)
+        self.blocks = DiTStack(cfg.mdlm_layers, d, cfg.n_heads, cfg.mlp_ratio, dropout=cfg.dropout, causal=True, gelu=cfg.gelu)
         self.final = DiTFinalLayer(d, vocab_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -103,6 +103,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 # --------------------------------------------------------------------------- the block
 
+# model.gelu -> nn.GELU's `approximate`: the released DiT's tanh approximation, or the exact erf form
+GELU_APPROXIMATE = {"tanh": "tanh", "exact": "none"}
+
+
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention with rotary positions; bidirectional unless `causal`."""
@@ -129,14 +133,14 @@ class DiTBlock(nn.Module):
     """Pre-LN Transformer block with adaLN shift / scale / gate around attention and MLP."""
 
     def __init__(self, d_model: int, n_heads: int, mlp_ratio: int = 4, cond_dim: int = COND_DIM,
-                 dropout: float = 0.0, causal: bool = False):
+                 dropout: float = 0.0, causal: bool = False, gelu: str = "tanh"):
         super().__init__()
         self.norm1 = LayerNorm(d_model)
         self.attn = SelfAttention(d_model, n_heads, causal)
         self.norm2 = LayerNorm(d_model)
         self.mlp = nn.Sequential(
             nn.Linear(d_model, mlp_ratio * d_model),
-            nn.GELU(approximate="tanh"),
+            nn.GELU(approximate=GELU_APPROXIMATE[gelu]),  # model.gelu
             nn.Linear(mlp_ratio * d_model, d_model),
         )
         self.dropout = nn.Dropout(dropout)
@@ -159,8 +163,8 @@ class DiTStack(nn.ModuleList):
     """
 
     def __init__(self, n_layers: int, d_model: int, n_heads: int, mlp_ratio: int = 4,
-                 cond_dim: int = COND_DIM, dropout: float = 0.0, causal: bool = False):
-        super().__init__(DiTBlock(d_model, n_heads, mlp_ratio, cond_dim, dropout, causal) for _ in range(n_layers))
+                 cond_dim: int = COND_DIM, dropout: float = 0.0, causal: bool = False, gelu: str = "tanh"):
+        super().__init__(DiTBlock(d_model, n_heads, mlp_ratio, cond_dim, dropout, causal, gelu) for _ in range(n_layers))
         self.head_dim = d_model // n_heads
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ class MDLM(TadmModel):
         d = cfg.d_model
         self.embed = token_embedding(vocab_size + 1, d)  # + the mask token
         self.cond = ConditionEmbedder()
-        self.blocks = DiTStack(cfg.mdlm_layers, d, cfg.n_heads, cfg.mlp_ratio, dropout=cfg.dropout)
+        self.blocks = DiTStack(cfg.mdlm_layers, d, cfg.n_heads, cfg.mlp_ratio, dropout=cfg.dropout, gelu=cfg.gelu)
         self.final = DiTFinalLayer(d, vocab_size + 1)
 
     def hidden(self, z_t: torch.Tensor) -> torch.Tensor:

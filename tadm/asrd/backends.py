@@ -93,29 +93,31 @@ class Backend(abc.ABC):
     def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
         """One pass: float32 logits (B, L, V) over the generatable tokens."""
 
+    def _input_embeds(self, ids: Tensor, delta: Tensor | None) -> Tensor:
+        """The model's input: `embed(ids)`, plus `delta` (cast to its dtype) when there is one."""
+        e = self.embed(ids)
+        return e if delta is None else e + delta.to(e.dtype)
 
-class MaskedBackend(Backend):
-    """MDLM or TADM (tadm.models); TADM's anchor is refreshed every `refresh_every` passes."""
+
+class _MaskTokenBackend(Backend):
+    """An absorbing-state model with ``embed(ids)`` and a ``mask_id`` (MDLM / TADM, LLaDA):
+    undecided positions hold the mask token; the output at a visible token is not read."""
 
     reads_decided = False
 
     def __init__(self, model, refresh_every: int = 1):
         super().__init__(refresh_every)
-        if model.model_type not in ("mdlm", "tadm"):
-            raise ConfigError("asrd model", f"ASRD runs on 'mdlm' or 'tadm' models, got {model.model_type!r}")
-        if model.model_type == "mdlm" and refresh_every != 1:
-            raise ConfigError("asrd.refresh_every", f"MDLM has no anchor to reuse; refresh_every must be 1, got {refresh_every}")
+        self._check(model)
         self.model = model.eval()
         self.mask_id, self.vocab_size = model.mask_id, model.vocab_size
-        self._h: Tensor | None = None
+
+    @abc.abstractmethod
+    def _check(self, model) -> None:
+        """ConfigError unless this backend runs `model` with `self.refresh_every`."""
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    def start(self) -> None:
-        super().start()
-        self._h = None
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.model.embed(ids)
@@ -123,10 +125,29 @@ class MaskedBackend(Backend):
     def fill(self, z: Tensor, undecided: Tensor, generator: torch.Generator) -> Tensor:
         return z.masked_fill(undecided, self.mask_id)
 
+
+class MaskedBackend(_MaskTokenBackend):
+    """MDLM or TADM (tadm.models); TADM's anchor is refreshed every `refresh_every` passes."""
+
+    def __init__(self, model, refresh_every: int = 1):
+        super().__init__(model, refresh_every)
+        self._h: Tensor | None = None
+
+    def _check(self, model) -> None:
+        if model.model_type not in ("mdlm", "tadm"):
+            raise ConfigError("asrd model", f"ASRD runs on 'mdlm' or 'tadm' models, got {model.model_type!r}")
+        if model.model_type == "mdlm" and self.refresh_every != 1:
+            raise ConfigError("asrd.refresh_every",
+                              f"MDLM has no anchor to reuse; refresh_every must be 1, got {self.refresh_every}")
+
+    def start(self) -> None:
+        super().start()
+        self._h = None
+
     @torch.no_grad()
     def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
         m, cfg = self.model, self.model.cfg
-        e = m.embed(ids) if delta is None else m.embed(ids) + delta.to(m.embed.weight.dtype)
+        e = self._input_embeds(ids, delta)
         refreshed = False
         if m.model_type == "mdlm":
             out = m.head(m.blocks(e, m.cond()))
@@ -187,9 +208,7 @@ class DiffusionGemmaBackend(Backend):
         if self._inputs is None or self._inputs.position_ids.shape[-1] != ids.shape[1]:
             mask = torch.cat([self._mask, torch.ones_like(ids, dtype=torch.bool)], dim=1)
             self._inputs = split.prepare(ids, self._cache, mask)
-        e = self.embed(ids)
-        if delta is not None:
-            e = e + delta.to(e.dtype)
+        e = self._input_embeds(ids, delta)
         x = split.decoder.self_conditioning(e, torch.zeros_like(e))  # = split.embed(ids) when delta is None
         c = split.layers(x, self._inputs, "shared")
         s, a, d = split.split
@@ -207,36 +226,21 @@ class DiffusionGemmaBackend(Backend):
         return split.denoise(h, self._inputs)[..., : self.vocab_size].float()
 
 
-class LladaBackend(Backend):
+class LladaBackend(_MaskTokenBackend):
     """LLaDA (`tadm.models.llada.LladaModel`): one full bidirectional pass per call, the prompt
-    in the canvas; `refresh_every` must be 1 (no anchor to reuse)."""
+    in the canvas; `refresh_every` must be 1 (no anchor to reuse). LLaDA is trained to predict
+    masked positions only (`reads_decided` False)."""
 
-    reads_decided = False  # LLaDA is trained to predict masked positions only
-
-    def __init__(self, model, refresh_every: int = 1):
-        super().__init__(refresh_every)
+    def _check(self, model) -> None:
         if getattr(model, "model_type", None) != "llada":
             raise ConfigError("asrd model", f"LladaBackend runs a LLaDA model, got {type(model).__name__}")
-        if refresh_every != 1:
-            raise ConfigError("asrd.refresh_every", f"LLaDA has no anchor to reuse; refresh_every must be 1, got {refresh_every}")
-        self.model = model.eval()
-        self.mask_id, self.vocab_size = model.mask_id, model.vocab_size
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def embed(self, ids: Tensor) -> Tensor:
-        return self.model.embed(ids)
-
-    def fill(self, z: Tensor, undecided: Tensor, generator: torch.Generator) -> Tensor:
-        return z.masked_fill(undecided, self.mask_id)
+        if self.refresh_every != 1:
+            raise ConfigError("asrd.refresh_every",
+                              f"LLaDA has no anchor to reuse; refresh_every must be 1, got {self.refresh_every}")
 
     @torch.no_grad()
     def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
-        e = self.model.embed(ids)
-        if delta is not None:
-            e = e + delta.to(e.dtype)
+        e = self._input_embeds(ids, delta)
         out = self.model(inputs_embeds=e).float()
         out[..., self.mask_id] = float("-inf")
         self._advance(False, generation)

@@ -21,9 +21,6 @@ embeddings into next-state logits, and counts what that cost:
   paper's own model family. Absorbing-state like MDLM: undecided positions hold LLaDA's mask
   token (126336 in the release), the whole network runs every pass, no anchor. The mask token is
   a row of LLaDA's vocabulary, so its logit is set to -inf (it is never chosen as a token).
-
-Verification passes (``generation=False``) never refresh an anchor: they re-read the step's
-canvas, so on a time-anchored model they cost only the light part of the network.
 """
 
 from __future__ import annotations
@@ -39,8 +36,10 @@ from tadm.errors import ConfigError
 
 @dataclass
 class DecodeCounters:
-    calls: int = 0  # model passes (generation + verification)
-    verify_calls: int = 0  # of which verification passes
+    calls: int = 0  # model passes
+    # passes made only to verify: none since ASRD's checks ride on the generation pass (always 0;
+    # kept for tadm.asrd.compare's verify_calls / verify_calls_per_batch columns)
+    verify_calls: int = 0
     refreshes: int = 0  # anchor evaluations (time-anchored models)
     layer_calls: int = 0  # transformer-layer calls, the paper's compute unit
 
@@ -65,20 +64,15 @@ class Backend(abc.ABC):
         """A new trajectory: the anchor is recomputed at its first pass."""
         self._age = None
 
-    def _refresh_due(self, generation: bool) -> bool:
-        if self._age is None:
-            return True
-        if not generation:
-            return False
-        return self._age + 1 >= self.refresh_every
+    def _refresh_due(self) -> bool:
+        return self._age is None or self._age + 1 >= self.refresh_every
 
-    def _advance(self, refreshed: bool, generation: bool) -> None:
+    def _advance(self, refreshed: bool) -> None:
         self.counters.calls += 1
-        self.counters.verify_calls += int(not generation)
         self.counters.refreshes += int(refreshed)
         if refreshed:
             self._age = 0
-        elif generation and self._age is not None:
+        elif self._age is not None:
             self._age += 1
 
     @abc.abstractmethod
@@ -90,7 +84,7 @@ class Backend(abc.ABC):
         """The model input: z with its undecided positions (B, L) bool replaced."""
 
     @abc.abstractmethod
-    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+    def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
         """One pass: float32 logits (B, L, V) over the generatable tokens."""
 
     def _input_embeds(self, ids: Tensor, delta: Tensor | None) -> Tensor:
@@ -145,7 +139,7 @@ class MaskedBackend(_MaskTokenBackend):
         self._h = None
 
     @torch.no_grad()
-    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+    def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
         m, cfg = self.model, self.model.cfg
         e = self._input_embeds(ids, delta)
         refreshed = False
@@ -153,12 +147,12 @@ class MaskedBackend(_MaskTokenBackend):
             out = m.head(m.blocks(e, m.cond()))
             layers = cfg.mdlm_layers
         else:
-            refreshed = self._refresh_due(generation)
+            refreshed = self._refresh_due()
             if refreshed:
                 self._h = m.anchor_blocks(e, m.anchor_cond())
             out = m.head(m.denoiser_blocks(m.fusion(e, self._h), m.denoiser_cond()))
             layers = cfg.denoiser_layers + (cfg.anchor_layers if refreshed else 0)
-        self._advance(refreshed, generation)
+        self._advance(refreshed)
         self.counters.layer_calls += layers
         return out[..., : self.vocab_size].float()
 
@@ -201,7 +195,7 @@ class DiffusionGemmaBackend(Backend):
         return torch.where(undecided, noise, z)
 
     @torch.no_grad()
-    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+    def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
         split = self.split
         if self._cache is None:
             raise RuntimeError("DiffusionGemmaBackend.set_context(prompt ids, mask) must come before decoding")
@@ -215,13 +209,13 @@ class DiffusionGemmaBackend(Backend):
         if self.fusion is None:
             refreshed, h = True, split.anchor(c, self._inputs)  # the base: A on every pass
         else:
-            refreshed = self._refresh_due(generation)
+            refreshed = self._refresh_due()
             if refreshed:
                 self._c0, self._h0 = c, split.anchor(c, self._inputs)
                 h = self._h0
             else:
                 h = self.fusion(c, self._c0, self._h0)
-        self._advance(refreshed, generation)
+        self._advance(refreshed)
         self.counters.layer_calls += s + d + (a if refreshed else 0)
         return split.denoise(h, self._inputs)[..., : self.vocab_size].float()
 
@@ -239,10 +233,10 @@ class LladaBackend(_MaskTokenBackend):
                               f"LLaDA has no anchor to reuse; refresh_every must be 1, got {self.refresh_every}")
 
     @torch.no_grad()
-    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+    def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
         e = self._input_embeds(ids, delta)
         out = self.model(inputs_embeds=e).float()
         out[..., self.mask_id] = float("-inf")
-        self._advance(False, generation)
+        self._advance(False)
         self.counters.layer_calls += self.model.n_layers
         return out

@@ -21,9 +21,6 @@ embeddings into next-state logits, and counts what that cost:
   paper's own model family. Absorbing-state like MDLM: undecided positions hold LLaDA's mask
   token (126336 in the release), the whole network runs every pass, no anchor. The mask token is
   a row of LLaDA's vocabulary, so its logit is set to -inf (it is never chosen as a token).
-
-Verification passes (``generation=False``) never refresh an anchor: they re-read the step's
-canvas, so on a time-anchored model they cost only the light part of the network.
 """
 
 from __future__ import annotations
@@ -39,8 +36,10 @@ from tadm.errors import ConfigError
 
 @dataclass
 class DecodeCounters:
-    calls: int = 0  # model passes (generation + verification)
-    verify_calls: int = 0  # of which verification passes
+    calls: int = 0  # model passes
+    # passes made only to verify: none since ASRD's checks ride on the generation pass (always 0;
+    # kept for tadm.asrd.compare's verify_calls / verify_calls_per_batch columns)
+    verify_calls: int = 0
     refreshes: int = 0  # anchor evaluations (time-anchored models)
     layer_calls: int = 0  # transformer-layer calls, the paper's compute unit
 
@@ -65,20 +64,15 @@ class Backend(abc.ABC):
         """A new trajectory: the anchor is recomputed at its first pass."""
         self._age = None
 
-    def _refresh_due(self, generation: bool) -> bool:
-        if self._age is None:
-            return True
-        if not generation:
-            return False
-        return self._age + 1 >= self.refresh_every
+    def _refresh_due(self) -> bool:
+        return self._age is None or self._age + 1 >= self.refresh_every
 
-    def _advance(self, refreshed: bool, generation: bool) -> None:
+    def _advance(self, refreshed: bool) -> None:
         self.counters.calls += 1
-        self.counters.verify_calls += int(not generation)
         self.counters.refreshes += int(refreshed)
         if refreshed:
             self._age = 0
-        elif generation and self._age is not None:
+        elif self._age is not None:
             self._age += 1
 
     @abc.abstractmethod
@@ -90,32 +84,34 @@ class Backend(abc.ABC):
         """The model input: z with its undecided positions (B, L) bool replaced."""
 
     @abc.abstractmethod
-    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+    def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
         """One pass: float32 logits (B, L, V) over the generatable tokens."""
 
+    def _input_embeds(self, ids: Tensor, delta: Tensor | None) -> Tensor:
+        """The model's input: `embed(ids)`, plus `delta` (cast to its dtype) when there is one."""
+        e = self.embed(ids)
+        return e if delta is None else e + delta.to(e.dtype)
 
-class MaskedBackend(Backend):
-    """MDLM or TADM (tadm.models); TADM's anchor is refreshed every `refresh_every` passes."""
+
+class _MaskTokenBackend(Backend):
+    """An absorbing-state model with ``embed(ids)`` and a ``mask_id`` (MDLM / TADM, LLaDA):
+    undecided positions hold the mask token; the output at a visible token is not read."""
 
     reads_decided = False
 
     def __init__(self, model, refresh_every: int = 1):
         super().__init__(refresh_every)
-        if model.model_type not in ("mdlm", "tadm"):
-            raise ConfigError("asrd model", f"ASRD runs on 'mdlm' or 'tadm' models, got {model.model_type!r}")
-        if model.model_type == "mdlm" and refresh_every != 1:
-            raise ConfigError("asrd.refresh_every", f"MDLM has no anchor to reuse; refresh_every must be 1, got {refresh_every}")
+        self._check(model)
         self.model = model.eval()
         self.mask_id, self.vocab_size = model.mask_id, model.vocab_size
-        self._h: Tensor | None = None
+
+    @abc.abstractmethod
+    def _check(self, model) -> None:
+        """ConfigError unless this backend runs `model` with `self.refresh_every`."""
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    def start(self) -> None:
-        super().start()
-        self._h = None
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.model.embed(ids)
@@ -123,21 +119,40 @@ class MaskedBackend(Backend):
     def fill(self, z: Tensor, undecided: Tensor, generator: torch.Generator) -> Tensor:
         return z.masked_fill(undecided, self.mask_id)
 
+
+class MaskedBackend(_MaskTokenBackend):
+    """MDLM or TADM (tadm.models); TADM's anchor is refreshed every `refresh_every` passes."""
+
+    def __init__(self, model, refresh_every: int = 1):
+        super().__init__(model, refresh_every)
+        self._h: Tensor | None = None
+
+    def _check(self, model) -> None:
+        if model.model_type not in ("mdlm", "tadm"):
+            raise ConfigError("asrd model", f"ASRD runs on 'mdlm' or 'tadm' models, got {model.model_type!r}")
+        if model.model_type == "mdlm" and self.refresh_every != 1:
+            raise ConfigError("asrd.refresh_every",
+                              f"MDLM has no anchor to reuse; refresh_every must be 1, got {self.refresh_every}")
+
+    def start(self) -> None:
+        super().start()
+        self._h = None
+
     @torch.no_grad()
-    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+    def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
         m, cfg = self.model, self.model.cfg
-        e = m.embed(ids) if delta is None else m.embed(ids) + delta.to(m.embed.weight.dtype)
+        e = self._input_embeds(ids, delta)
         refreshed = False
         if m.model_type == "mdlm":
             out = m.head(m.blocks(e, m.cond()))
             layers = cfg.mdlm_layers
         else:
-            refreshed = self._refresh_due(generation)
+            refreshed = self._refresh_due()
             if refreshed:
                 self._h = m.anchor_blocks(e, m.anchor_cond())
             out = m.head(m.denoiser_blocks(m.fusion(e, self._h), m.denoiser_cond()))
             layers = cfg.denoiser_layers + (cfg.anchor_layers if refreshed else 0)
-        self._advance(refreshed, generation)
+        self._advance(refreshed)
         self.counters.layer_calls += layers
         return out[..., : self.vocab_size].float()
 
@@ -180,65 +195,48 @@ class DiffusionGemmaBackend(Backend):
         return torch.where(undecided, noise, z)
 
     @torch.no_grad()
-    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
+    def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
         split = self.split
         if self._cache is None:
             raise RuntimeError("DiffusionGemmaBackend.set_context(prompt ids, mask) must come before decoding")
         if self._inputs is None or self._inputs.position_ids.shape[-1] != ids.shape[1]:
             mask = torch.cat([self._mask, torch.ones_like(ids, dtype=torch.bool)], dim=1)
             self._inputs = split.prepare(ids, self._cache, mask)
-        e = self.embed(ids)
-        if delta is not None:
-            e = e + delta.to(e.dtype)
+        e = self._input_embeds(ids, delta)
         x = split.decoder.self_conditioning(e, torch.zeros_like(e))  # = split.embed(ids) when delta is None
         c = split.layers(x, self._inputs, "shared")
         s, a, d = split.split
         if self.fusion is None:
             refreshed, h = True, split.anchor(c, self._inputs)  # the base: A on every pass
         else:
-            refreshed = self._refresh_due(generation)
+            refreshed = self._refresh_due()
             if refreshed:
                 self._c0, self._h0 = c, split.anchor(c, self._inputs)
                 h = self._h0
             else:
                 h = self.fusion(c, self._c0, self._h0)
-        self._advance(refreshed, generation)
+        self._advance(refreshed)
         self.counters.layer_calls += s + d + (a if refreshed else 0)
         return split.denoise(h, self._inputs)[..., : self.vocab_size].float()
 
 
-class LladaBackend(Backend):
+class LladaBackend(_MaskTokenBackend):
     """LLaDA (`tadm.models.llada.LladaModel`): one full bidirectional pass per call, the prompt
-    in the canvas; `refresh_every` must be 1 (no anchor to reuse)."""
+    in the canvas; `refresh_every` must be 1 (no anchor to reuse). LLaDA is trained to predict
+    masked positions only (`reads_decided` False)."""
 
-    reads_decided = False  # LLaDA is trained to predict masked positions only
-
-    def __init__(self, model, refresh_every: int = 1):
-        super().__init__(refresh_every)
+    def _check(self, model) -> None:
         if getattr(model, "model_type", None) != "llada":
             raise ConfigError("asrd model", f"LladaBackend runs a LLaDA model, got {type(model).__name__}")
-        if refresh_every != 1:
-            raise ConfigError("asrd.refresh_every", f"LLaDA has no anchor to reuse; refresh_every must be 1, got {refresh_every}")
-        self.model = model.eval()
-        self.mask_id, self.vocab_size = model.mask_id, model.vocab_size
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def embed(self, ids: Tensor) -> Tensor:
-        return self.model.embed(ids)
-
-    def fill(self, z: Tensor, undecided: Tensor, generator: torch.Generator) -> Tensor:
-        return z.masked_fill(undecided, self.mask_id)
+        if self.refresh_every != 1:
+            raise ConfigError("asrd.refresh_every",
+                              f"LLaDA has no anchor to reuse; refresh_every must be 1, got {self.refresh_every}")
 
     @torch.no_grad()
-    def logits(self, ids: Tensor, delta: Tensor | None = None, generation: bool = True) -> Tensor:
-        e = self.model.embed(ids)
-        if delta is not None:
-            e = e + delta.to(e.dtype)
+    def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
+        e = self._input_embeds(ids, delta)
         out = self.model(inputs_embeds=e).float()
         out[..., self.mask_id] = float("-inf")
-        self._advance(False, generation)
+        self._advance(False)
         self.counters.layer_calls += self.model.n_layers
         return out

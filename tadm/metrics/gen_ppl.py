@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -129,6 +130,12 @@ def _check_common(batch_size: int, max_length: int | None) -> None:
         raise ValueError(f"max_length must be >= 2 or None, got {max_length}")
 
 
+def _truncated(sequences: Iterable[Sequence[int]], max_length: int | None, eos_id: int) -> list[list[int]]:
+    """Each token id sequence cut to its first `max_length` ids (all of them when None), an
+    empty one scored as a lone EOS (step 1 of the module docstring)."""
+    return [list(ids)[:max_length] or [eos_id] for ids in sequences]
+
+
 def _score(sequences: list[list[int]], evaluator: Evaluator, batch_size: int, ctx: int, progress: bool,
            dist: Dist | None, feature_width: int = 0, pooling: str = "mean") -> tuple[GenPPL, np.ndarray | None]:
     """MDLM's protocol over in-order batches of `batch_size` (module docstring)."""
@@ -173,7 +180,7 @@ def gen_ppl_ids(sequences: list[list[int]], evaluator: Evaluator, batch_size: in
         raise ValueError("sequences must be a non-empty list of token id lists")
     _check_common(batch_size, max_length)
     ctx = _check_context(evaluator, context_length)
-    rows = [(list(ids)[:max_length] if max_length is not None else list(ids)) or [evaluator.eos_id] for ids in sequences]
+    rows = _truncated(sequences, max_length, evaluator.eos_id)
     return _score(rows, evaluator, batch_size, ctx, progress, dist)[0]
 
 
@@ -210,8 +217,7 @@ def gen_ppl_and_features(texts: list[str], evaluator: Evaluator, batch_size: int
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     _check_common(batch_size, max_length)
     eos, ctx = evaluator.eos_id, evaluator.context_length
-    rows = [(evaluator.encode(t)[:max_length] if max_length is not None else evaluator.encode(t)) or [eos]
-            for t in texts]
+    rows = _truncated((evaluator.encode(t) for t in texts), max_length, eos)
     width = min(ctx, max_feature_tokens)
     ppl, features = _score(rows, evaluator, batch_size, ctx, progress, dist, feature_width=width, pooling=pooling)
     return ppl, features

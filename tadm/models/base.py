@@ -126,15 +126,12 @@ class TadmModel(nn.Module):
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
         """Strict, all-or-nothing ``load_state_dict``: validate every name and shape first."""
-        shape, missing, unexpected = state_dict_mismatches(self.state_dict(), tensors)
-        problems = shape + [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
-        if problems:
-            listed = "; ".join(problems[:MAX_LISTED])
-            more = f"; +{len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+        n, tally, listed = mismatch_report(self.state_dict(), tensors)
+        if n:
             raise CheckpointError(
                 f"{source} does not fit {type(self).__name__} "
-                f"(d_model={self.cfg.d_model}, vocab_size={self.vocab_size}): {len(problems)} tensor(s) differ "
-                f"({len(shape)} shape, {len(missing)} missing, {len(unexpected)} unexpected): {listed}{more}"
+                f"(d_model={self.cfg.d_model}, vocab_size={self.vocab_size}): {n} tensor(s) differ "
+                f"{tally}: {listed}"
             )
         with torch.no_grad():
             self.load_state_dict(dict(tensors), strict=True)
@@ -150,6 +147,17 @@ def state_dict_mismatches(model_sd: Mapping[str, torch.Tensor], ckpt: Mapping[st
     missing = [k for k in model_sd if k not in ckpt]
     unexpected = [k for k in ckpt if k not in model_sd]
     return shape, missing, unexpected
+
+
+def mismatch_report(model_sd: Mapping[str, torch.Tensor], ckpt: Mapping[str, torch.Tensor]) -> tuple[int, str, str]:
+    """The `state_dict_mismatches` of `ckpt` against `model_sd` for a one-line message: (how many
+    tensors differ, "(a shape, b missing, c unexpected)", the first MAX_LISTED of them joined by
+    "; " with "; +N more" after); the count is 0 when every name and shape matches."""
+    shape, missing, unexpected = state_dict_mismatches(model_sd, ckpt)
+    problems = shape + [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
+    more = f"; +{len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+    tally = f"({len(shape)} shape, {len(missing)} missing, {len(unexpected)} unexpected)"
+    return len(problems), tally, "; ".join(problems[:MAX_LISTED]) + more
 
 
 def _saved_model_type(path: Path) -> str | None:
@@ -266,6 +274,17 @@ class _Shape:
         self.shape = tuple(shape)
 
 
+def check_header_tensors(where: str, model_sd: Mapping[str, torch.Tensor], shapes: Mapping[str, Iterable[int]],
+                         model_name: str, tally: bool = False) -> None:
+    """CheckpointError (one line, prefixed by `where`) unless the safetensors header's `shapes` name
+    exactly the tensors of `model_sd` (a model built on the meta device) with the same shapes; the
+    message lists the first differences and, with `tally`, how many of each kind."""
+    n, counts, listed = mismatch_report(model_sd, {k: _Shape(v) for k, v in shapes.items()})
+    if n:
+        counts = f" {counts}" if tally else ""
+        raise CheckpointError(f"{where}: {n} tensor(s) differ from config.json's {model_name}{counts}: {listed}")
+
+
 def check_checkpoint(directory: str | Path, model_type: str, cfg: ModelConfig, vocab_size: int, seq_len: int,
                      map_location: str | torch.device = runtime.CPU) -> "wh.Header":
     """Cross-check a bounded config.json against the weights' safetensors header(s), reading no
@@ -300,12 +319,7 @@ def check_checkpoint(directory: str | Path, model_type: str, cfg: ModelConfig, v
     with torch.device("meta"):
         meta = build_model(model_type, cfg, vocab_size, seq_len)
     model_sd = meta.state_dict()
-    shape, missing, unexpected = state_dict_mismatches(model_sd, {k: _Shape(v) for k, v in header.shapes.items()})
-    problems = shape + [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
-    if problems:
-        listed = "; ".join(problems[:MAX_LISTED])
-        more = f"; +{len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-        raise CheckpointError(f"{where}: {len(problems)} tensor(s) differ from config.json's model: {listed}{more}")
+    check_header_tensors(where, model_sd, header.shapes, "model")
     model_bytes = sum(v.numel() * v.element_size() for v in model_sd.values())
     if model_bytes > wh.SIZE_FACTOR * max(header.nbytes, 1):
         raise CheckpointError(f"{where}: config.json implies {model_bytes} bytes of parameters, the weights hold {header.nbytes}")

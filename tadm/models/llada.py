@@ -63,7 +63,7 @@ from torch import Tensor, nn
 from tadm import runtime
 from tadm import weights_header as wh
 from tadm.errors import DataError
-from tadm.models.base import MAX_LISTED, CheckpointError, read_safetensors, state_dict_mismatches
+from tadm.models.base import CheckpointError, check_header_tensors, read_safetensors
 
 PREFIX = "model.transformer."
 MASK_TOKEN_ID = 126336  # the release's mask token (its config.json's mask_token_id)
@@ -312,11 +312,6 @@ def read_llada_config(directory: str | Path) -> LladaConfig:
     return LladaConfig.from_json(raw, repr(str(path)))
 
 
-class _Shape:
-    def __init__(self, shape):
-        self.shape = tuple(shape)
-
-
 def check_llada_checkpoint(directory: str | Path, cfg: LladaConfig, device=runtime.CPU,
                            dtype: torch.dtype = torch.float32) -> wh.Header:
     """Cross-check `cfg` against the safetensors header(s) of `directory` without reading a tensor
@@ -343,13 +338,7 @@ def check_llada_checkpoint(directory: str | Path, cfg: LladaConfig, device=runti
     with torch.device("meta"):
         meta = LladaModel(cfg).to(dtype)
     model_sd = meta.state_dict()
-    shape, missing, unexpected = state_dict_mismatches(model_sd, {k: _Shape(v) for k, v in header.shapes.items()})
-    problems = shape + [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
-    if problems:
-        listed = "; ".join(problems[:MAX_LISTED])
-        more = f"; +{len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-        raise CheckpointError(f"{where}: {len(problems)} tensor(s) differ from config.json's LLaDA "
-                              f"({len(shape)} shape, {len(missing)} missing, {len(unexpected)} unexpected): {listed}{more}")
+    check_header_tensors(where, model_sd, header.shapes, "LLaDA", tally=True)
     model_bytes = sum(v.numel() * v.element_size() for v in model_sd.values())
     wh.check_fits(max(_shard_bytes(header).values(), default=0), str(weights), None, CheckpointError)  # a shard, on the host
     wh.check_fits(model_bytes, str(directory), device, CheckpointError)  # the model, where it is built

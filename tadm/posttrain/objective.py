@@ -127,14 +127,8 @@ def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: 
     """
     if fresh:
         return _fresh_anchor_loss(split, fusion, batch, gen, cfg, rollout)
-    base, vocab = split.base, split.text_config.vocab_size
     with torch.no_grad():
-        cache = base.model.encoder(input_ids=batch.context, attention_mask=batch.context_mask).cache
-        mask = batch.decoder_mask
-        t = antithetic_times(len(batch.target), gen, batch.target.device)
-        z = uniform_noise(batch.target, t, vocab, gen)
-        step = rollout.cur_step(float(t.mean()))
-        inputs = split.prepare(z, cache, mask)  # shapes and cache only: the same for every pass below
+        z, step, inputs = _on_policy_start(split, batch, gen, rollout)
         sc = None
         if float(torch.rand((), generator=gen, device=gen.device)) < cfg.self_cond_p:
             sc = rollout.tempered(split.denoise(split.anchor(split.shared(z, inputs), inputs), inputs), step)
@@ -154,6 +148,24 @@ def posttrain_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, gen: 
     # k = 0: c is C0, so the fused state is H0 exactly and the student is the teacher; the zero
     # term keeps every fusion parameter in the graph (zero gradients, as DDP expects)
     student = split.denoise(fused, inputs) if k else logits + 0.0 * (fused - h0).sum()
+    return _ce_kd(student, teacher, batch, cfg, k)
+
+
+def _on_policy_start(split: SplitDiffusionGemma, batch: CanvasBatch, gen: torch.Generator, rollout: Rollout
+                     ) -> tuple[torch.Tensor, int, object]:
+    """The start both losses share (call it under no_grad): the context's encoder cache, then the
+    draws in this order -- antithetic times, the uniform noise z_t -- the rollout step of the mean
+    time, and the decoder inputs. Returns (z, step, inputs)."""
+    cache = split.base.model.encoder(input_ids=batch.context, attention_mask=batch.context_mask).cache
+    t = antithetic_times(len(batch.target), gen, batch.target.device)
+    z = uniform_noise(batch.target, t, split.text_config.vocab_size, gen)
+    step = rollout.cur_step(float(t.mean()))
+    inputs = split.prepare(z, cache, batch.decoder_mask)  # shapes and cache only: the same for every pass after
+    return z, step, inputs
+
+
+def _ce_kd(student: torch.Tensor, teacher: torch.Tensor, batch: CanvasBatch, cfg, k: int) -> tuple[torch.Tensor, dict]:
+    """CE on the targets + kd_weight * KD to the teacher at kd_temperature, and the logged terms."""
     tau = cfg.kd_temperature
     ce = F.cross_entropy(student.flatten(0, 1), batch.target.flatten())
     kd = F.kl_div(F.log_softmax(student / tau, -1).flatten(0, 1), F.log_softmax(teacher / tau, -1).flatten(0, 1),
@@ -166,14 +178,8 @@ def _fresh_anchor_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, g
                        rollout: Rollout) -> tuple[torch.Tensor, dict]:
     """:func:`posttrain_loss` of the fresh-anchor control: the draws in the same order, the
     policy D(Phi(c; c, A(c))) at every step (no anchor reuse), the same CE + KD."""
-    base, vocab = split.base, split.text_config.vocab_size
     with torch.no_grad():
-        cache = base.model.encoder(input_ids=batch.context, attention_mask=batch.context_mask).cache
-        mask = batch.decoder_mask
-        t = antithetic_times(len(batch.target), gen, batch.target.device)
-        z = uniform_noise(batch.target, t, vocab, gen)
-        step = rollout.cur_step(float(t.mean()))
-        inputs = split.prepare(z, cache, mask)
+        z, step, inputs = _on_policy_start(split, batch, gen, rollout)
 
         def policy(c):
             h = split.anchor(c, inputs)
@@ -197,8 +203,4 @@ def _fresh_anchor_loss(split: SplitDiffusionGemma, fusion, batch: CanvasBatch, g
                 logits = split.denoise(fusion(c, c, h), inputs)
         teacher = split.denoise(h, inputs)
     student = split.denoise(fusion(c, c, h), inputs)
-    tau = cfg.kd_temperature
-    ce = F.cross_entropy(student.flatten(0, 1), batch.target.flatten())
-    kd = F.kl_div(F.log_softmax(student / tau, -1).flatten(0, 1), F.log_softmax(teacher / tau, -1).flatten(0, 1),
-                  log_target=True, reduction="batchmean") * tau**2
-    return ce + cfg.kd_weight * kd, {"ce": ce.detach(), "kd": kd.detach(), "age": k}
+    return _ce_kd(student, teacher, batch, cfg, k)

@@ -264,16 +264,18 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     (:func:`hold_run`): a second run on it is refused."""
     get_method(name, p)  # an unknown run name fails before anything else is read
     d = runtime.setup(p.runtime)
-    # the data is checked against its manifest before the run directory is touched (nothing is
-    # written, not even the lock, for data that does not match; the checks are cached per process)
-    read_manifest(data_dir, "pack", PACK_HINT)
-    PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
+    # the data is opened, and checked against its manifest, before the run directory is touched
+    # (nothing is written, not even the lock, for data that does not match)
+    meta = read_manifest(data_dir, "pack", PACK_HINT)["counts"]
+    data = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
     with hold_run(RunPaths.for_run(name, root).checkpoints, d, f"python -m tadm train {name}"):
-        return _train(name, p, d, data_dir, root, log, restart)
+        return _train(name, p, d, data_dir, meta, data, root, log, restart)
 
 
-def _train(name: str, p: Params, d: Dist, data_dir: Path, root: Path, log, restart: bool) -> dict:
-    """:func:`train`'s body, run under the lock of the run's directory."""
+def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tuple[PackedTokens, PackedTokens],
+           root: Path, log, restart: bool) -> dict:
+    """:func:`train`'s body, run under the lock of the run's directory on the data `train` opened
+    (`meta`: the pack manifest's counts; `data`: the train and validation splits)."""
     method = get_method(name, p)
     paths = RunPaths.for_run(name, root)
     n_micro = p.train.global_batch // p.train.micro_batch
@@ -281,8 +283,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, root: Path, log, resta
         raise ConfigError("train.global_batch", f"global_batch/micro_batch = {n_micro} micro-batches must divide among {d.world} processes")
 
     manifest = data_dir / "manifest.json"
-    meta = read_manifest(data_dir, "pack", PACK_HINT)["counts"]
-    train_data, valid_data = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
+    train_data, valid_data = data
     vocab, seq_len = meta["vocab_size"], meta["seq_len"]
 
     torch.manual_seed(_seed(p.seed, 0x1417))  # identical initial weights on every rank

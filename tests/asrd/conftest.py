@@ -23,7 +23,7 @@ class TableBackend(Backend):
         self.table = table.double()
         self.vocab_size = table.shape[0] - (mask_id is not None)
         self.mask_id = mask_id
-        self.inputs: list[tuple[torch.Tensor, torch.Tensor | None, bool]] = []
+        self.inputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
     @property
     def device(self):
@@ -35,10 +35,10 @@ class TableBackend(Backend):
     def fill(self, z, undecided, generator):
         return z.masked_fill(undecided, self.mask_id if self.mask_id is not None else 0)
 
-    def logits(self, ids, delta=None, generation=True):
-        self.inputs.append((ids.clone(), None if delta is None else delta.clone(), generation))
+    def logits(self, ids, delta=None):
+        self.inputs.append((ids.clone(), None if delta is None else delta.clone()))
         e = self.embed(ids) if delta is None else self.embed(ids) + delta
-        self._advance(False, generation)
+        self._advance(False)
         return (e @ self.table[: self.vocab_size].T).float()
 
 

@@ -104,7 +104,7 @@ def test_guidance_reaches_the_model_only_at_masked_positions_once_there_are_anch
     backend = MaskedBackend(tiny_models["mdlm"])
     seen = []
     inner = backend.logits
-    backend.logits = lambda ids, delta=None, generation=True: (seen.append((ids, delta)), inner(ids, delta, generation))[1]
+    backend.logits = lambda ids, delta=None: (seen.append((ids, delta)), inner(ids, delta))[1]
     _, steps = _trace(backend, DecodeSettings(method="asrd", steps=8, block_size=4, guidance=2.0, capacity=16, window=1))
     assert seen[0][1] is None  # the first pass: an empty cache injects nothing
     guided = [(ids, d) for ids, d in seen[1:] if d is not None]
@@ -147,11 +147,11 @@ def test_diffusiongemma_backend_is_the_base_decoder_and_reuses_the_anchor_with_t
     anchored = DiffusionGemmaBackend(dg_split, fusion, refresh_every=2)
     anchored.set_context(context, mask)
     anchored.start()
-    for generation in (True, False, True, True, False, True):
-        anchored.logits(z, generation=generation)
-    assert anchored.counters.refreshes == 2 and anchored.counters.verify_calls == 2  # passes 0 and 2 of generation
+    for _ in range(4):
+        anchored.logits(z)
+    assert anchored.counters.refreshes == 2  # passes 0 and 2
     s, a, d = dg_split.split
-    assert anchored.counters.layer_calls == 6 * (s + d) + 2 * a
+    assert anchored.counters.layer_calls == 4 * (s + d) + 2 * a
 
 
 @pytest.mark.parametrize("change, key", [(dict(method="greedy"), "asrd.method"), (dict(steps=0), "asrd.steps"),

@@ -140,8 +140,8 @@ def test_a_candidate_that_flips_under_the_perturbation_is_remasked_one_that_hold
     assert not committed[0, :2].any() and int(committed.sum()) == 1  # a remasked token is not re-decided in its own pass
     assert run.decided[0, :2].tolist() == [not flips, True]
     assert len(backend.inputs) == 1  # the check was part of the step's one (generation) pass
-    ids, delta, generation = backend.inputs[-1]
-    assert generation and ids.tolist() == [[0, 0, 3, 3]]  # uniform-state reading: the token stays
+    ids, delta = backend.inputs[-1]
+    assert ids.tolist() == [[0, 0, 3, 3]]  # uniform-state reading: the token stays
     assert torch.count_nonzero(delta[0, 1:]) == 0 and abs(float(delta[0, 0] @ TABLE[0].double())) < 1e-12
     assert math.isclose(float(delta[0, 0].norm()), rho, rel_tol=1e-12)
 
@@ -153,8 +153,8 @@ def test_the_verification_decision_is_read_from_that_pass_output(rho, forced, re
     backend = TableBackend(TABLE, mask_id=3)
     inner = backend.logits
 
-    def logits(ids, delta=None, generation=True):
-        out = inner(ids, delta, generation).clone()
+    def logits(ids, delta=None):
+        out = inner(ids, delta).clone()
         out[0, 0] = -10.0
         out[0, 0, forced] = 10.0
         return out
@@ -179,8 +179,8 @@ def test_absorbing_models_read_a_candidate_as_the_mask_pushed_orthogonally_to_it
     backend.reads_decided = False
     run = _run(backend, [[1, 3]], [[True, False]], steps=2, perturbation=0.5)
     run.confidence_step(torch.ones(1, 2, dtype=torch.bool), steps_left=2)
-    ids, delta, generation = backend.inputs[-1]
-    assert generation and ids.tolist() == [[3, 3]]  # the candidate is fed as the mask, in the generation pass
+    ids, delta = backend.inputs[-1]
+    assert ids.tolist() == [[3, 3]]  # the candidate is fed as the mask, in the generation pass
     assert abs(float(delta[0, 0] @ TABLE[1].double())) < 1e-12 and math.isclose(float(delta[0, 0].norm()), 0.5, rel_tol=1e-6)
     assert torch.count_nonzero(delta[0, 1]) == 0
 

@@ -193,8 +193,8 @@ def test_alias_bomb_is_refused_without_expanding(tmp_path):
 
 
 def test_small_aliases_still_load(tmp_path):
-    text = PARAMS_TEXT.replace("seed: 0\n", "seed: &zero 0\n", 1).replace("  eval_examples: 0\n  seeds:\n  - 0\n  - 1\n  - 2\n  batch_size: 32",
-                                                                          "  eval_examples: *zero\n  seeds:\n  - 0\n  - 1\n  - 2\n  batch_size: 32")
+    text = PARAMS_TEXT.replace("seed: 0\n", "seed: &zero 0\n", 1).replace("  eval_examples: 0\n  seeds:\n  - 0\n  - 1\n  batch_size: 32",
+                                                                          "  eval_examples: *zero\n  seeds:\n  - 0\n  - 1\n  batch_size: 32")
     assert "*zero" in text
     assert config.load(_write(tmp_path, text)) == config.load(config.PARAMS_FILE)
 

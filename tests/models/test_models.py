@@ -222,6 +222,35 @@ def test_save_load_round_trip(tmp_path, model_type):
         assert n == m and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("model_type", TYPES)
+def test_model_gelu_picks_the_mlp_activation_and_survives_a_round_trip(tmp_path, model_type):
+    """model.gelu: "tanh" (the released DiT) or "exact" -- the same weights give outputs a little
+    apart (the two functions differ by < 5e-4), and a checkpoint rebuilds the one it was saved with;
+    a checkpoint written before the key existed (no "gelu") is the tanh model it was trained as."""
+    import dataclasses
+
+    x = model_input(model_type)
+    tanh = tiny(model_type)
+    exact = build_model(model_type, dataclasses.replace(TINY, gelu="exact"), V, L).eval()
+    exact.load_state_dict(tanh.state_dict())
+    def acts(m):  # the DiT blocks' MLPs (TADM's fusion has its own, always exact, GELU)
+        return {a.approximate for n, a in m.named_modules() if isinstance(a, torch.nn.GELU) and ".mlp." in n}
+
+    assert acts(exact) == {"none"} and acts(tanh) == {"tanh"}
+    with torch.no_grad():
+        a, b = run(tanh, x), run(exact, x)
+    assert not torch.equal(a, b) and torch.allclose(a, b, atol=5e-2)
+    exact.save_pretrained(tmp_path / "exact")
+    with torch.no_grad():
+        assert torch.equal(run(load_pretrained(tmp_path / "exact"), x), b)
+    tanh.save_pretrained(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    del config["model"]["gelu"]
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    with torch.no_grad():
+        assert torch.equal(run(load_pretrained(tmp_path / "old"), x), a)
+
+
 def test_save_overwrites_and_keeps_other_files(tmp_path):
     ckpt = tmp_path / "ckpt"
     tiny("mdlm", seed=0).save_pretrained(ckpt)
@@ -338,6 +367,7 @@ def test_bad_checkpoint_directories_are_refused(tmp_path):
         (json.dumps({k: v for k, v in config.items() if k != "seq_len"}), "seq_len"),
         (json.dumps({**config, "model": {**config["model"], "depth": 3}}), "unknown model field"),
         (json.dumps({**config, "model": {**config["model"], "n_heads": 3}}), "n_heads"),
+        (json.dumps({**config, "model": {**config["model"], "gelu": "relu"}}), "model.gelu must be one of"),
     ]:
         (ckpt / "config.json").write_text(bad)
         with pytest.raises(CheckpointError, match=pattern) as excinfo:

@@ -44,6 +44,9 @@ SETTINGS: dict[str, tuple[dict, str]] = {
     "v300_800": ({"train.steps": 800}, "mdlm"),
     "v300_tadm": ({"train.steps": 800}, "tadm"),
     "v300_adlm": ({}, "adlm"),
+    # the MLP width and GELU of the default profile (2d, exact) against the paper's 4d MLP
+    "v300_mlp4": ({"model.mlp_ratio": 4}, "mdlm"),
+    "v300_mlp4_tanh": ({"model.mlp_ratio": 4, "model.gelu": "tanh"}, "mdlm"),
 }
 
 

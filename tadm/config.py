@@ -338,7 +338,9 @@ class AsrdConfig:
     sweep_window: list[int] = spec([1, 2, 4], ge=1)  # consistency windows k
     sweep_block_size: list[int] = spec([4, 8, 12, 24], ge=1)  # semi-AR blocks: each must tile response_tokens
     sweep_examples: int = spec(0, ge=0)  # first examples of each task the sweeps score; 0 = all
-    # the masked diffusion LM the comparison runs on (MDLM, `model` section's width and depth)
+    # the masked diffusion LM the comparison runs on (MDLM, `model` section's width, depth and GELU,
+    # its own MLP width: the tasks are mostly memorised, and a 2d MLP fits them far worse)
+    mlp_ratio: int = spec(4, ge=1)
     train_steps: int = spec(3000, ge=1)
     train_batch: int = spec(32, ge=1)
     lr: float = spec(1.0e-3, gt=0.0)

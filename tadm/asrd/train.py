@@ -25,7 +25,7 @@ import torch
 
 from tadm import runtime
 from tadm.asrd import tasks as T
-from tadm.config import Params
+from tadm.config import ModelConfig, Params
 from tadm.forward_process import mask_tokens, sample_times
 from tadm.io import atomic_write_json, atomic_write_text, sha256_file
 from tadm.losses import mdlm_nelbo, subs_log_probs
@@ -42,7 +42,12 @@ EPS = 1e-3
 # the asrd keys the training reads (the rest configure decoding); train_steps stays in: the
 # cosine learning rate ends at it, so more steps change every step after warm-up
 TRAIN_KEYS = ("prompt_tokens", "response_tokens", "spelling_max", "spelling_train", "spelling_eval", "eval_examples",
-              "train_steps", "train_batch", "lr", "warmup_steps")
+              "mlp_ratio", "train_steps", "train_batch", "lr", "warmup_steps")
+
+
+def model_config(p: Params) -> ModelConfig:
+    """The masked model's sizes: the `model` section with asrd.mlp_ratio."""
+    return dataclasses.replace(p.model, mlp_ratio=p.asrd.mlp_ratio)
 
 
 def task_sets(p: Params, root: Path = Path(".")) -> dict[str, tuple[T.TaskSet, T.TaskSet]]:
@@ -80,9 +85,9 @@ def train(p: Params, tokenizer, root: Path = Path("."), log=print, restart: bool
     region = layout.region
     torch.manual_seed(_seed(p.seed, 0xA5D))
     with torch.device(d.device):
-        model = build_model("mdlm", p.model, len(tokenizer), layout.length).train()
+        model = build_model("mdlm", model_config(p), len(tokenizer), layout.length).train()
     opt = adamw(model.parameters(), d.device, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    settings = {"asrd": {k: getattr(a, k) for k in TRAIN_KEYS}, "model": dataclasses.asdict(p.model), "seed": p.seed,
+    settings = {"asrd": {k: getattr(a, k) for k in TRAIN_KEYS}, "model": dataclasses.asdict(model_config(p)), "seed": p.seed,
                 "data": hashlib.sha256(x.numpy().tobytes()).hexdigest(),
                 "code": hashlib.sha256("".join(_code_hash(Path(__file__).resolve().parent.parent)).encode()).hexdigest()}
 

@@ -79,3 +79,20 @@ def test_the_task_sets_are_written_with_a_manifest(tmp_path):
     assert len(rows) == 25 and rows[-1]["split"] == "spelling_eval" and rows[0]["response"] == train.responses[0]
     assert manifest["counts"] == {"spelling_train": 20, "spelling_eval": 5} and list(manifest["sha256"]) == ["tasks.jsonl"]
     assert json.loads((tmp_path / "asrd" / "manifest.json").read_text()) == manifest
+
+
+def test_the_masked_model_takes_its_mlp_width_from_asrd_and_the_rest_from_model():
+    """asrd.mlp_ratio sets the comparison model's MLP (4d in the default profile, where Table 2's
+    models use 2d: the memorised tasks need the width); depth, width and GELU stay the `model`
+    section's, and the training fingerprint records the width it used."""
+    import dataclasses
+
+    from tadm import config
+    from tadm.asrd.train import TRAIN_KEYS, model_config
+
+    p = config.from_dict(config.render_profile("default"))
+    assert (p.model.mlp_ratio, p.asrd.mlp_ratio) == (2, 4) and "mlp_ratio" in TRAIN_KEYS
+    cfg = model_config(p)
+    assert cfg == dataclasses.replace(p.model, mlp_ratio=4)
+    q = config.override(p, {"asrd.mlp_ratio": 3})
+    assert model_config(q).mlp_ratio == 3 and model_config(q).d_model == p.model.d_model

@@ -47,6 +47,7 @@ SETTINGS: dict[str, tuple[dict, str]] = {
     # the MLP width and GELU of the default profile (2d, exact) against the paper's 4d MLP
     "v300_mlp4": ({"model.mlp_ratio": 4}, "mdlm"),
     "v300_mlp4_tanh": ({"model.mlp_ratio": 4, "model.gelu": "tanh"}, "mdlm"),
+    "v300_tadm_mlp4": ({"model.mlp_ratio": 4}, "tadm"),
 }
 
 

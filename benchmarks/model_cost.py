@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from tadm import config
 from tadm.train.methods import get_method
+from train_throughput import train_step  # benchmarks/ (the script's own directory)
 
 RUNS = ("mdlm", "tadm")
 # (label, model overrides); the first is the reference
@@ -55,17 +56,13 @@ def main() -> None:
     fwd_s = {k: [] for k in setups}
     for rnd in range(args.warmup + args.repeats):
         for key, (method, model, opt) in setups.items():
-            t0 = time.perf_counter()
-            loss = method.loss(model, x_train, torch.Generator().manual_seed(rnd)).sum() / x_train.numel()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            step_s = train_step(method, model, opt, x_train, rnd)
             t1 = time.perf_counter()
             with torch.no_grad():
                 model.hidden(x_sample) if key[0] == "mdlm" else model.hidden(x_sample, x_sample)  # TADM: a fresh anchor
             t2 = time.perf_counter()
             if rnd >= args.warmup:
-                train_s[key].append(t1 - t0)
+                train_s[key].append(step_s)
                 fwd_s[key].append(t2 - t1)
     grid = torch.linspace(-8, 8, 100_001)
     gap = (F.gelu(grid, approximate="tanh") - F.gelu(grid)).abs().max().item()

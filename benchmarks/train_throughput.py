@@ -24,6 +24,16 @@ from tadm.train.methods import get_method
 RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0")
 
 
+def train_step(method, model, opt, x: torch.Tensor, seed: int) -> float:
+    """One optimiser step of `method`'s loss on `x` (noise drawn from `seed`); its wall time."""
+    t0 = time.perf_counter()
+    loss = method.loss(model, x, torch.Generator().manual_seed(seed)).sum() / x.numel()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(config.PARAMS_FILE))
@@ -45,13 +55,9 @@ def main() -> None:
     times = {run: [] for run in RUNS}
     for rnd in range(args.warmup + args.repeats):
         for run, (method, model, opt) in setups.items():
-            t0 = time.perf_counter()
-            loss = method.loss(model, x, torch.Generator().manual_seed(rnd)).sum() / x.numel()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            seconds = train_step(method, model, opt, x, rnd)
             if rnd >= args.warmup:
-                times[run].append(time.perf_counter() - t0)
+                times[run].append(seconds)
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"# d={p.model.d_model}, layers mdlm/anchor/denoiser = {p.model.mdlm_layers}/{p.model.anchor_layers}/"
           f"{p.model.denoiser_layers}, V={vocab}, L={seq_len}, batch={batch}, median of {args.repeats}")

@@ -295,7 +295,6 @@ class PosttrainConfig:
     eval_examples: int = spec(0, ge=0)  # per task; 0 = all
     eval_batch_size: int = spec(8, ge=1)
     seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
-    throughput_repeats: int = spec(3, ge=1)
     # seed of the post-train runs (the base's and the fusion's training: initialisation, data
     # order, per-step draws); the paper's is 42 (App. C.1). The SFT data keep the global seed.
     seed: int = spec(42, ge=0)

@@ -83,11 +83,12 @@ def train(p: Params, tokenizer, root: Path = Path("."), log=print, restart: bool
     layout = T.Layout(tokenizer, a.prompt_tokens, a.response_tokens)
     x = torch.cat([layout.encode(tr.prompts, tr.responses) for tr, _ in sets.values()])
     region = layout.region
+    cfg = model_config(p)
     torch.manual_seed(_seed(p.seed, 0xA5D))
     with torch.device(d.device):
-        model = build_model("mdlm", model_config(p), len(tokenizer), layout.length).train()
+        model = build_model("mdlm", cfg, len(tokenizer), layout.length).train()
     opt = adamw(model.parameters(), d.device, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    settings = {"asrd": {k: getattr(a, k) for k in TRAIN_KEYS}, "model": dataclasses.asdict(model_config(p)), "seed": p.seed,
+    settings = {"asrd": {k: getattr(a, k) for k in TRAIN_KEYS}, "model": dataclasses.asdict(cfg), "seed": p.seed,
                 "data": hashlib.sha256(x.numpy().tobytes()).hexdigest(),
                 "code": hashlib.sha256("".join(_code_hash(Path(__file__).resolve().parent.parent)).encode()).hexdigest()}
 

@@ -409,9 +409,14 @@ def preconditions(inp: Inputs) -> list[dict]:
                                  f"{m['below_unigram']:.2f} below"})
     e = inp.evaluator
     if e:
-        for k, v in e["sanity"].items():
+        sanity = e["sanity"]
+        for k, v in sanity.items():
             if k in e.get("sanity_thresholds", {}):
-                out.append({"check": f"evaluator: {k}", "value": v, "shown": f"{v:.3f}",
+                shown = f"{v:.3f}"
+                if k == "shuffled_ppl_ratio_per_gpt2_token" and "shuffled_ppl_ratio" in sanity:
+                    shown += (f" (per judge token: {sanity['shuffled_ppl_ratio']:.3f}, {sanity['judge_tokens']} judge "
+                              f"tokens for {sanity['gpt2_tokens']} GPT-2 tokens)")
+                out.append({"check": f"evaluator: {k}", "value": v, "shown": shown,
                             "wanted": e["sanity_thresholds"][k], "passed": e["sanity_passed"][k]})
     return out
 

@@ -37,7 +37,7 @@ import numpy as np
 from tadm import runtime
 from tadm.config import Params
 from tadm.errors import DataError
-from tadm.io import atomic_path, atomic_write_json
+from tadm.io import atomic_path, atomic_write_json, sha256_tree
 from tadm.models import load_pretrained
 from tadm.sampling import (AdaptiveDrift, ComputeCounter, FixedInterval, RefreshPolicy, SamplerSettings, make_adapter,
                            sample, sample_ar)
@@ -128,8 +128,7 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
         else:
             refresh = run.refresh_for(params, steps) if model.model_type == "tadm" else None
             policy = repr(refresh) if refresh is not None else None
-            settings = SamplerSettings.from_config(cfg, steps=steps, seed=params.seed, ddpm_cache=run.ddpm_cache,
-                                                   autocast=autocast, **({"sampler": run.sampler} if run.sampler else {}))
+            settings = sampler_settings(run, params, steps, autocast)
             adapter = stack.enter_context(make_adapter(model, refresh))
 
             def one_batch(i: int):
@@ -148,7 +147,8 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
     refreshes = ([len(r) for b in batches for r in b["refresh_steps"]]
                  if all(b["refresh_steps"] is not None for b in batches) else None)
     record = {
-        "row": run.name, "model_dir": str(run.model_dir), "model_type": model.model_type, "T": steps,
+        "row": run.name, "model_dir": str(run.model_dir), "model_sha256": sha256_tree(run.model_dir),
+        "model_type": model.model_type, "T": steps,
         "sampler": settings.sampler, "policy": policy, "settings": settings.as_dict(), "batch_seeds": seeds,
         "num_samples": n, "seq_len": seq_len, "seconds": seconds,
         "tokens_per_s": tokens.size / seconds if seconds > 0 else None,
@@ -159,6 +159,38 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
         "device": str(d.device), "precision": d.precision, "processes": d.world,
     }
     return tokens, record
+
+
+def sampler_settings(run: SampleRun, params: Params, steps: int, autocast: str) -> SamplerSettings:
+    """The diffusion sampler's settings of `run` at budget T = `steps` (batch 0's seed)."""
+    return SamplerSettings.from_config(params.sample, steps=steps, seed=params.seed, ddpm_cache=run.ddpm_cache,
+                                       autocast=autocast, **({"sampler": run.sampler} if run.sampler else {}))
+
+
+def reusable_samples(run: SampleRun, params: Params, steps: int, saved_dir: str | Path,
+                     dist: runtime.Dist | None = None) -> tuple[np.ndarray, dict[str, Any]] | None:
+    """The tokens and record saved under `saved_dir` for budget T = `steps` when they are the
+    draw `draw_samples(run, params, steps)` would make -- the same model files, sampler, refresh
+    policy, sampler settings, sample count and batch seeds, on the same device, precision and
+    number of processes (so its timing is this machine's too) -- else None. Diffusion models
+    only (AR's draw does not depend on T). The record returned says where it was drawn."""
+    d = dist or runtime.setup(params.runtime)
+    saved_dir = Path(saved_dir)
+    if not (saved_dir / f"T{steps}.npy").exists() or not (saved_dir / f"T{steps}.json").exists():
+        return None
+    tokens, record = load_samples(saved_dir, steps)
+    if record.get("model_type") in (None, "ar"):
+        return None
+    cfg = params.sample
+    want = {"row": run.name, "model_dir": str(run.model_dir), "model_sha256": sha256_tree(run.model_dir), "T": steps,
+            "policy": repr(run.refresh_for(params, steps)) if record["model_type"] == "tadm" else None,
+            "settings": sampler_settings(run, params, steps, network_autocast(d)).as_dict(),
+            "num_samples": cfg.num_samples,
+            "batch_seeds": [batch_seed(params.seed, i) for i in range(len(batch_sizes(cfg.num_samples, cfg.batch_size)))],
+            "device": str(d.device), "precision": d.precision, "processes": d.world}
+    if any(record.get(k) != v for k, v in json.loads(json.dumps(want)).items()) or len(tokens) != cfg.num_samples:
+        return None
+    return tokens, {**record, "reused_from": str(saved_dir / f"T{steps}.npy")}
 
 
 def save_samples(tokens: np.ndarray, record: dict[str, Any], out_dir: str | Path, steps: int) -> None:
@@ -197,4 +229,4 @@ def load_samples(out_dir: str | Path, steps: int) -> tuple[np.ndarray, dict[str,
 
 
 __all__ = ["SampleRun", "batch_seed", "batch_sizes", "network_autocast", "draw_samples", "run_samples", "save_samples",
-           "shared_record", "load_samples"]
+           "shared_record", "load_samples", "sampler_settings", "reusable_samples"]

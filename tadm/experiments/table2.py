@@ -46,7 +46,7 @@ from tadm import runtime
 from tadm.config import Params
 from tadm.data.packing import PackedTokens
 from tadm.experiments import worker
-from tadm.experiments.sampling import SampleRun, draw_samples, save_samples, shared_record
+from tadm.experiments.sampling import SampleRun, draw_samples, reusable_samples, save_samples, shared_record
 from tadm.io import atomic_path, atomic_write_json
 
 REFERENCE_CACHE_FORMAT = 1
@@ -306,15 +306,18 @@ def save_gen_ppl(ppl, out_dir: Path, steps: int) -> None:
 def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path = "models",
             samples_dir: str | Path = "samples", steps: list[int] | None = None, K: int | None = None,
             adaptive: float | None = None, checkpoint: str | None = None, sampler: str | None = None,
-            out: str | Path | None = None) -> dict[str, Any]:
+            out: str | Path | None = None, reuse_dir: str | Path | None = None) -> dict[str, Any]:
     """Sample (or, for Data, read) and score one row at every budget T (or `steps`); write
     `out` (JSON). `checkpoint` / `sampler` replace the row's model directory / sampler.
+    `reuse_dir`: a samples directory (Table 2's) whose `<name>/T<T>` draw is taken instead of
+    sampling again when it is exactly this run's draw (`sampling.reusable_samples`).
 
     Rows whose samples do not depend on T (Data, AR) are drawn and scored once and saved under
     every budget. With runtime.nproc > 1 (and not already under torchrun) the row runs in
     torchrun workers (`tadm.experiments.worker`) and this returns what they wrote."""
     kwargs = dict(models_dir=str(models_dir), samples_dir=str(samples_dir), steps=steps, K=K, adaptive=adaptive,
-                  checkpoint=checkpoint, sampler=sampler, out=None if out is None else str(out))
+                  checkpoint=checkpoint, sampler=sampler, out=None if out is None else str(out),
+                  reuse_dir=None if reuse_dir is None else str(reuse_dir))
     if worker.needs_launch(params):
         return worker.launch("row", params, {"name": name, **scorer.worker_args(), "kwargs": kwargs})
     d = scorer.dist
@@ -341,7 +344,8 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
         else:
             spec = SampleRun(name, checkpoint or str(Path(models_dir) / row.model), sampler or row.sampler, K=K,
                              adaptive=adaptive)
-            tokens, record = draw_samples(spec, params, T, bos_id=bos_id, dist=d)
+            reused = reusable_samples(spec, params, T, Path(reuse_dir) / name, d) if reuse_dir is not None else None
+            tokens, record = reused or draw_samples(spec, params, T, bos_id=bos_id, dist=d)
             if d.main:
                 save_samples(tokens, record, out_dir, T)
             metrics, ppl = scorer.score_samples(tokens)
@@ -366,18 +370,22 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
 
 def run_sweep(row: str, params: Params, scorer: Scorer, *, T: int | None = None, K_values: list[int] | None = None,
               adaptive_thresholds: list[float] | tuple = (), models_dir: str | Path = "models",
-              samples_dir: str | Path = "samples/sweep", results_dir: str | Path = "results/sweep") -> list[dict]:
+              samples_dir: str | Path = "samples/sweep", results_dir: str | Path = "results/sweep",
+              reuse_dir: str | Path | None = None) -> list[dict]:
     """The refresh sweep: `row` at budget T (None: the first of sample.steps) with the anchor
     refreshed every K of `K_values` (None: sample.sweep_refresh) and with the adaptive policy at
     each threshold, each sampled and scored like a Table 2 row into
-    `<results_dir>/<K<k>|adaptive<a>>.json` (samples under `<samples_dir>/<same name>/`). One
-    torchrun launch for the whole sweep when runtime.nproc > 1."""
+    `<results_dir>/<K<k>|adaptive<a>>.json` (samples under `<samples_dir>/<same name>/`). A
+    point that is Table 2's own draw (T's scheduled K) is taken from `reuse_dir` (Table 2's
+    samples directory) when given and identical (`run_row`). One torchrun launch for the whole
+    sweep when runtime.nproc > 1."""
     T = int(T or params.sample.steps[0])
     K_values = [int(k) for k in (K_values or params.sample.sweep_refresh)]
     adaptive_thresholds = [float(a) for a in adaptive_thresholds]
     if worker.needs_launch(params):
         kwargs = dict(T=T, K_values=K_values, adaptive_thresholds=adaptive_thresholds, models_dir=str(models_dir),
-                      samples_dir=str(samples_dir), results_dir=str(results_dir))
+                      samples_dir=str(samples_dir), results_dir=str(results_dir),
+                      reuse_dir=None if reuse_dir is None else str(reuse_dir))
         return worker.launch("sweep", params, {"row": row, **scorer.worker_args(), "kwargs": kwargs})
     settings = [("K", k) for k in K_values] + [("adaptive", a) for a in adaptive_thresholds]
     results = []
@@ -385,7 +393,7 @@ def run_sweep(row: str, params: Params, scorer: Scorer, *, T: int | None = None,
         name = f"{kind}{value}"
         results.append(run_row(row, params, scorer, models_dir=models_dir, steps=[T],
                                samples_dir=Path(samples_dir) / name, out=Path(results_dir) / f"{name}.json",
-                               **({"K": value} if kind == "K" else {"adaptive": value})))
+                               reuse_dir=reuse_dir, **({"K": value} if kind == "K" else {"adaptive": value})))
     return results
 
 

@@ -53,6 +53,16 @@ class GenPPL:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.exp(self.nll / self.tokens)
 
+    def ratio_per(self, other: "GenPPL", units: int) -> float:
+        """`other`'s Gen PPL over this one's with both totals of NLL counted per the same `units`
+        (e.g. words, or the GPT-2 tokens of the texts this set scored): exp((NLL_other -
+        NLL_self) / units). With units = the evaluator's own token count of both sets it is the
+        plain ratio of the two Gen PPLs; it makes ratios of judges with different tokenizers
+        comparable, since a finer tokenizer spreads the same NLL over more tokens."""
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units < 1:
+            raise ValueError(f"units must be a positive integer, got {units!r}")
+        return float(np.exp((float(other.nll.sum()) - float(self.nll.sum())) / units))
+
 
 def decode_samples(token_ids, tokenizer) -> list[str]:
     """Text of generated token ids (a (N, L) tensor/array or a list of lists), special

@@ -30,6 +30,7 @@ from tadm import weights_header as wh
 from tadm.config import ModelConfig
 from tadm.errors import DataError
 from tadm.io import atomic_path
+from tadm.models.dit import GELU_APPROXIMATE
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -190,9 +191,6 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
 # --------------------------------------------------------------------------- config checks
 
 
-GELU_KINDS = ("tanh", "exact")
-
-
 def check_model_args(cfg: ModelConfig, vocab_size: int, seq_len: int) -> None:
     """Reject sizes no model can be built with (ValueError: a programming / config mistake)."""
     for name in ("d_model", "n_heads", "mlp_ratio", "mdlm_layers", "anchor_layers", "denoiser_layers"):
@@ -203,8 +201,8 @@ def check_model_args(cfg: ModelConfig, vocab_size: int, seq_len: int) -> None:
         raise ValueError(f"model.d_model ({cfg.d_model}) must be n_heads ({cfg.n_heads}) times an even head dim")
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float)) or not 0.0 <= cfg.dropout < 1.0:
         raise ValueError(f"model.dropout must be in [0, 1), got {cfg.dropout!r}")
-    if cfg.gelu not in GELU_KINDS:
-        raise ValueError(f"model.gelu must be one of {', '.join(map(repr, GELU_KINDS))}, got {cfg.gelu!r}")
+    if cfg.gelu not in GELU_APPROXIMATE:
+        raise ValueError(f"model.gelu must be one of {', '.join(map(repr, GELU_APPROXIMATE))}, got {cfg.gelu!r}")
     for name, value in (("vocab_size", vocab_size), ("seq_len", seq_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

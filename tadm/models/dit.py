@@ -107,7 +107,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 GELU_APPROXIMATE = {"tanh": "tanh", "exact": "none"}
 
 
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention with rotary positions; bidirectional unless `causal`."""
 

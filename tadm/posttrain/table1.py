@@ -14,8 +14,10 @@ base; the same loop with the anchor refreshed every K steps for TADM) and is sco
              ± the sd over seeds of the per-seed differences: every method is sampled with
              the same seeds),
     tokens/s end to end (prompt encoding + every denoising step + decoding of the canvases;
-             all generated canvas positions counted; methods interleaved, median of
-             ``throughput_repeats`` rounds on the same batch),
+             all generated canvas positions counted), timed on the scored generations
+             themselves: the median over every full prompt batch of every seed, the methods
+             interleaved (each seed runs every method in turn, after one warm-up ``generate``
+             per method, the FLOP count below),
     throughput x = tokens/s over the base's,
     compute x    = decoder-layer calls over the base's (the paper's unit), counted by hooks on the
                    decoder layers during the scored generations,
@@ -34,8 +36,8 @@ the notebook overrides runtime.device / runtime.precision). With runtime.nproc >
 relaunches itself under torchrun (`tadm.experiments.worker`): each prompt batch (its seed is
 (seed, first example)) is generated and scored by one process (batch j by process j mod N), the
 completions, per-example correctness and decoder-layer calls are gathered, so accuracies and
-compute are those of one process; the speed measurement runs on every process at once (each on
-its own device; the main process's numbers are kept).
+compute are those of one process; each process times its own batches (on its own device) and
+the main process's timings are kept.
 """
 
 from __future__ import annotations
@@ -214,69 +216,78 @@ class Runner:
         return list(range(0, n, self.p.posttrain.eval_batch_size))
 
     @torch.no_grad()
-    def generate_batch(self, method: Method, prompts: list[str], max_new_tokens: int, seed: int, lo: int) -> list[str]:
-        """Completions of one prompt batch (examples lo, lo + 1, ...): seeded with (seed, lo)."""
+    def generate_batch(self, method: Method, prompts: list[str], max_new_tokens: int, seed: int,
+                       lo: int) -> tuple[list[str], float, float]:
+        """Completions of one prompt batch (examples lo, lo + 1, ...), seeded with (seed, lo), and
+        the wall time of its ``generate`` call and of the decoder calls inside it."""
         ids, mask = self.encode(prompts)
         torch.manual_seed(seed * 1_000_003 + lo)
-        with self.dist.autocast():
+        with DecoderProbe(method.decoder_owner) as probe, self.dist.autocast():
+            runtime.synchronize(self.device)
+            t0 = time.perf_counter()
             seqs = method.generate(ids, mask, **self.kwargs(max_new_tokens)).sequences
-        return self.decode(seqs, ids.shape[1])
+            runtime.synchronize(self.device)
+            seconds = time.perf_counter() - t0
+        return self.decode(seqs, ids.shape[1]), seconds, probe.seconds
 
     @torch.no_grad()
     def completions(self, method: Method, prompts: list[str], max_new_tokens: int, seed: int) -> list[str]:
         bs, starts = self.p.posttrain.eval_batch_size, self.batch_starts(len(prompts))
-        mine = [self.generate_batch(method, prompts[starts[j]: starts[j] + bs], max_new_tokens, seed, starts[j])
+        mine = [self.generate_batch(method, prompts[starts[j]: starts[j] + bs], max_new_tokens, seed, starts[j])[0]
                 for j in runtime.shard(len(starts), self.dist)]
         return [t for batch in runtime.gather(mine, len(starts), self.dist) for t in batch]
 
-    def accuracy(self, method: Method, task: Task, seed: int) -> tuple[float, list[str], int]:
+    def accuracy(self, method: Method, task: Task, seed: int) -> tuple[float, list[str], int, list[tuple[int, float, float]]]:
         """Accuracy in %, the completions, and the decoder-layer calls the generation made (every
-        process's batches: generated, scored and counted where they ran, then gathered)."""
+        process's batches: generated, scored and counted where they ran, then gathered); and this
+        process's timed batches, (prompts, seconds of ``generate``, seconds in its decoder calls)."""
         bs, starts, d = self.p.posttrain.eval_batch_size, self.batch_starts(len(task.prompts)), self.dist
         counter = DecoderLayerCalls(method.base)
-        mine = []
+        mine, timed = [], []
         try:
             for j in runtime.shard(len(starts), d):
                 lo = starts[j]
-                texts = self.generate_batch(method, task.prompts[lo: lo + bs], task.max_new_tokens, seed, lo)
+                prompts = task.prompts[lo: lo + bs]
+                texts, seconds, decoder_seconds = self.generate_batch(method, prompts, task.max_new_tokens, seed, lo)
                 mine.append((texts, [bool(task.score(lo + k, t)) for k, t in enumerate(texts)]))
+                timed.append((len(prompts), seconds, decoder_seconds))
         finally:
             counter.close()
         batches = runtime.gather(mine, len(starts), d)
         calls = sum(runtime.gather([counter.calls], d.world, d))
         texts = [t for ts, _ in batches for t in ts]
         correct = [c for _, cs in batches for c in cs]
-        return 100.0 * sum(correct) / len(correct), texts, calls
+        return 100.0 * sum(correct) / len(correct), texts, calls, timed
 
     @torch.no_grad()
-    def speed(self, task: Task) -> dict[str, dict]:
-        """Per method on one batch: FLOPs of a whole ``generate`` and of its decoder calls, then
-        wall time of ``generate`` and of its decoder calls (interleaved rounds, medians)."""
-        bs = self.p.posttrain.eval_batch_size
-        ids, mask = self.encode(task.prompts[:bs])
+    def flops(self, task: Task) -> dict[str, dict]:
+        """Per method on the first prompt batch: FLOPs of a whole ``generate`` and of its decoder
+        calls (not timed; it is also every method's warm-up before the timed, scored runs)."""
+        ids, mask = self.encode(task.prompts[: self.p.posttrain.eval_batch_size])
         kw = self.kwargs(task.max_new_tokens)
-        canvas = self.p.posttrain.canvas_length
-        generated = ids.shape[0] * (-(-task.max_new_tokens // canvas)) * canvas
-        out = {m.label: {"seconds": [], "decoder_seconds": []} for m in self.methods}
-        for m in self.methods:  # FLOPs (also the warm-up; not timed)
+        out = {}
+        for m in self.methods:
             torch.manual_seed(0)
             with DecoderProbe(m.decoder_owner, count_flops=True) as probe, self.dist.autocast():
-                out[m.label]["flops"] = count_flops(lambda: m.generate(ids, mask, **kw))
-            out[m.label]["decoder_flops"] = probe.flops
-        for r in range(self.p.posttrain.throughput_repeats):
-            for m in self.methods:
-                torch.manual_seed(r)
-                with DecoderProbe(m.decoder_owner) as probe, self.dist.autocast():
-                    runtime.synchronize(self.device)
-                    t0 = time.perf_counter()
-                    m.generate(ids, mask, **kw)
-                    runtime.synchronize(self.device)
-                    out[m.label]["seconds"].append(time.perf_counter() - t0)
-                out[m.label]["decoder_seconds"].append(probe.seconds)
-        for m in self.methods:
-            o = out[m.label]
-            o["tokens_per_s"] = generated / statistics.median(o["seconds"])
+                total = count_flops(lambda: m.generate(ids, mask, **kw))
+            out[m.label] = {"flops": total, "decoder_flops": probe.flops}
         return out
+
+    def tokens_per_prompt(self, task: Task) -> int:
+        """Generated canvas positions per prompt (every canvas counted whole)."""
+        canvas = self.p.posttrain.canvas_length
+        return (-(-task.max_new_tokens // canvas)) * canvas
+
+
+def throughput(timed: list[tuple[int, float, float]], tokens_per_prompt: int) -> dict:
+    """Speed of one method from its timed batches (prompts, seconds, decoder seconds) over every
+    seed: the batches of the largest size (the full ones; a last, shorter batch of a task runs
+    at another speed), their times, and tokens/s = its generated tokens / their median time."""
+    size = max(n for n, _, _ in timed)
+    full = [(s, ds) for n, s, ds in timed if n == size]
+    seconds = [s for s, _ in full]
+    return {"batch_prompts": size, "seconds": seconds, "decoder_seconds": [ds for _, ds in full],
+            "tokens_per_s": size * tokens_per_prompt / statistics.median(seconds)}
 
 
 def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None,
@@ -327,24 +338,28 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         task = load_task(name, p, sft_dir, unsafe_host_execution)
         if not task.prompts:
             raise DataError(f"task {name}: no evaluation examples")
-        rows = {}
+        flops = runner.flops(task)  # also the warm-up of every method
+        runs = {m.label: {"accs": [], "examples": None, "calls": 0, "timed": []} for m in methods}
         bar = tqdm(total=len(methods) * len(pt.seeds), desc=f"table1[{name}]", unit="run", disable=not d.main)
-        for m in methods:
-            accs, samples, calls = [], [], 0
-            for seed in pt.seeds:
-                acc, texts, n = runner.accuracy(m, task, seed)
-                accs.append(acc)
-                samples.append(texts[:5])
-                calls += n
+        for seed in pt.seeds:  # methods interleaved, so machine-speed drift hits them alike
+            for m in methods:
+                acc, texts, n, timed = runner.accuracy(m, task, seed)
+                r = runs[m.label]
+                r["accs"].append(acc)
+                r["examples"] = r["examples"] or texts[:5]
+                r["calls"] += n
+                r["timed"] += timed
                 bar.update()
-            rows[m.label] = {"accuracy": statistics.mean(accs), "accuracy_seeds": accs,
-                             "accuracy_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-                             "refresh_every": m.k, "control": m.label == CONTROL, "layer_calls": calls,
-                             "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps),
-                             "examples": samples[0]}
         bar.close()
-        for label, speed in runner.speed(task).items():
-            rows[label].update(speed)
+        rows = {}
+        for m in methods:
+            r = runs[m.label]
+            rows[m.label] = {"accuracy": statistics.mean(r["accs"]), "accuracy_seeds": r["accs"],
+                             "accuracy_sd": statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0,
+                             "refresh_every": m.k, "control": m.label == CONTROL, "layer_calls": r["calls"],
+                             "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps),
+                             "examples": r["examples"], **flops[m.label],
+                             **throughput(r["timed"], runner.tokens_per_prompt(task))}
         results["tasks"][name] = {"n": len(task.prompts), "methods": rows}
         if d.main:
             log(f"table1[{name}]: " + ", ".join(f"{k} {v['accuracy']:.1f}%" for k, v in rows.items()))

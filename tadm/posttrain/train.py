@@ -60,7 +60,7 @@ CODE["dg_posttrain_fresh"] = CODE["dg_posttrain"]
 BASE_KEYS = ("seed", "base", "shared_layers", "anchor_layers", "denoiser_layers", "canvas_length", "max_context_tokens",
              "self_cond_p", "grad_clip")
 FUSION_IGNORES = ("base", "checkpoint_every", "log_every", "refresh_every", "tasks", "task_sources", "eval_examples",
-                  "eval_batch_size", "seeds", "throughput_repeats")
+                  "eval_batch_size", "seeds")
 
 
 def cosine_lr(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> float:

@@ -84,3 +84,21 @@ def test_a_budget_the_profile_does_not_sample_is_not_run(run_dir):
     got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
     assert got["compute_T2L"].verdict == C.NOT_RUN and got["mauve_tadm_vs_remdm"].verdict == C.NOT_RUN
     assert got["compute_T1L"].verdict == C.REPRODUCED
+
+
+def test_the_evaluator_checks_are_the_thresholded_ones_and_the_ratio_shows_its_units(run_dir):
+    p, root = run_dir
+    from tadm.metrics.trained_evaluator import THRESHOLDS
+
+    sanity = {"mauve_data_data": 0.95, "mauve_data_shuffled": 0.01, "shuffled_ppl_ratio_per_gpt2_token": 4.9,
+              "shuffled_ppl_ratio": 2.1, "shuffled_ppl_ratio_per_word": 13.0, "judge_tokens": 900, "gpt2_tokens": 400,
+              "words": 250, "gen_ppl_data": 13.0, "gen_ppl_shuffled": 27.3}
+    passed = {k: (sanity[k] >= v if op == ">=" else sanity[k] <= v) for k, (op, v) in THRESHOLDS.items()}
+    (root / "metrics/evaluator.json").write_text(json.dumps(
+        {"sanity": sanity, "sanity_thresholds": {k: f"{op} {v}" for k, (op, v) in THRESHOLDS.items()},
+         "sanity_passed": passed}))
+    rows = {r["check"]: r for r in C.preconditions(C.read_inputs(p, root)) if r["check"].startswith("evaluator")}
+    assert set(rows) == {f"evaluator: {k}" for k in THRESHOLDS}
+    ratio = rows["evaluator: shuffled_ppl_ratio_per_gpt2_token"]
+    assert ratio["passed"] is False and ratio["wanted"] == ">= 5.0"
+    assert ratio["shown"] == "4.900 (per judge token: 2.100, 900 judge tokens for 400 GPT-2 tokens)"

@@ -1,10 +1,12 @@
 """Table 2's sampling runs in one process: per-batch seeding, AR drawn once for every budget,
-the device setting honoured, the samples layout tables.py reads."""
+a saved draw reused only when it is exactly the run's, the device setting honoured, the
+samples layout tables.py reads."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from tadm.experiments import sampling, table2
 from tadm.experiments.sampling import SampleRun, batch_seed, batch_sizes, draw_samples
 from tadm.models import load_pretrained
 from tadm.sampling import SamplerSettings, make_adapter, sample
-from tests.experiments.conftest import table2_raw
+from tests.experiments.conftest import random_model, table2_raw
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +86,39 @@ def test_ar_is_sampled_once_and_saved_under_every_budget(table2_workspace, param
     assert json.loads((tmp_path / "ar.json").read_text()) == result
     ppl = np.load(tmp_path / "ar" / "T8_gen_ppl.npy")
     assert ppl.shape == (6, 2) and np.isclose(np.exp(ppl[:, 0].sum() / ppl[:, 1].sum()), m8["gen_ppl"])
+
+
+def test_a_saved_draw_is_reused_only_when_it_is_exactly_this_run(table2_workspace, params, micro_packed,
+                                                                   monkeypatch, tmp_path):
+    model_dir = tmp_path / "models" / "tadm"
+    shutil.copytree(table2_workspace / "models" / "tadm", model_dir)
+    tok = load_tokenizer(micro_packed.parent / "tokenizer")
+    scorer = table2.Scorer(params, tok, micro_packed, dist=runtime.Dist())
+    first = table2.run_row("tadm", params, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "t2",
+                           steps=[8])
+    K = params.sample.refresh_every[params.sample.steps.index(8)]
+    drawn = []
+    monkeypatch.setattr(table2, "draw_samples", lambda *a, **k: drawn.append(k) or draw_samples(*a, **k))
+    again = table2.run_row("tadm", params, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "sweep",
+                           steps=[8], K=K, reuse_dir=tmp_path / "t2")
+    assert drawn == []
+    np.testing.assert_array_equal(np.load(tmp_path / "sweep/tadm/T8.npy"), np.load(tmp_path / "t2/tadm/T8.npy"))
+    record = json.loads((tmp_path / "sweep/tadm/T8.json").read_text())
+    assert record["reused_from"] == str(tmp_path / "t2/tadm/T8.npy")
+    assert again["budgets"]["8"]["mauve"] == first["budgets"]["8"]["mauve"]
+    # anything that changes the draw is drawn afresh
+    run = SampleRun("tadm", str(model_dir), "remdm-loop", K=K)
+    saved = tmp_path / "t2" / "tadm"
+    d = runtime.Dist()
+    assert sampling.reusable_samples(run, params, 8, saved, d) is not None
+    assert sampling.reusable_samples(dataclasses.replace(run, K=K + 1), params, 8, saved, d) is None
+    assert sampling.reusable_samples(dataclasses.replace(run, sampler="mdlm"), params, 8, saved, d) is None
+    assert sampling.reusable_samples(run, config.override(params, {"seed": params.seed + 1}), 8, saved, d) is None
+    assert sampling.reusable_samples(run, config.override(params, {"sample.nucleus_p": 0.5}), 8, saved, d) is None
+    assert sampling.reusable_samples(run, params, 16, saved, d) is None  # no draw at T = 16
+    counts = json.loads((micro_packed / "manifest.json").read_text())["counts"]
+    random_model("tadm", counts["vocab_size"], counts["seq_len"], seed=9).save_pretrained(model_dir)  # retrained
+    assert sampling.reusable_samples(run, params, 8, saved, d) is None
 
 
 def test_the_data_row_is_scored_once(table2_workspace, params, micro_packed, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from tadm.data.tokenizer import build_gpt2
 from tadm.metrics.evaluator import load_evaluator
-from tadm.metrics.gen_ppl import decode_samples, gen_ppl, gen_ppl_ids, mdlm_target_mask
+from tadm.metrics.gen_ppl import GenPPL, decode_samples, gen_ppl, gen_ppl_ids, mdlm_target_mask
 from tests.metrics.conftest import TINY_POSITIONS, shuffle_words
 
 N = 12  # passages of 80 words, ~1,200 SmolLM2 tokens per set
@@ -144,3 +144,14 @@ def test_one_pass_gen_ppl_and_features_equal_the_separate_computations(smollm2, 
     assert ppl.ppl == pytest.approx(separate.ppl, rel=1e-4)
     reference = load_featurizer("smollm2", cache_dir=cache, batch_size=4).encode(texts)
     np.testing.assert_allclose(features, reference, rtol=1e-3, atol=1e-3)
+
+
+def test_ratio_per_unit_is_the_nll_gap_over_the_units():
+    a = GenPPL(ppl=math.exp(3 / 4), nll=np.array([1.0, 2.0]), tokens=np.array([2, 2]))
+    b = GenPPL(ppl=math.exp(7 / 4), nll=np.array([3.0, 4.0]), tokens=np.array([2, 2]))
+    assert a.ratio_per(b, 4) == pytest.approx(b.ppl / a.ppl)  # the evaluator's own tokens: the plain ratio
+    assert a.ratio_per(b, 2) == pytest.approx(math.exp(2.0))  # coarser units: the same gap over fewer of them
+    assert b.ratio_per(a, 4) == pytest.approx(a.ppl / b.ppl)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="units"):
+            a.ratio_per(b, bad)

@@ -102,3 +102,17 @@ def test_the_evaluator_checks_are_the_thresholded_ones_and_the_ratio_shows_its_u
     ratio = rows["evaluator: shuffled_ppl_ratio_per_gpt2_token"]
     assert ratio["passed"] is False and ratio["wanted"] == ">= 5.0"
     assert ratio["shown"] == "4.900 (per judge token: 2.100, 900 judge tokens for 400 GPT-2 tokens)"
+
+
+def test_staleness_is_the_reused_anchor_s_drift_and_a_perfect_fusion_does_not_hide_it(run_dir):
+    p, root = run_dir
+    (root / "paper_figures").mkdir(exist_ok=True)
+    lines = ["age,kl_fused,kl_reused,recovery,kl_fused_se,kl_reused_se,recovery_se", "0,0,0,,0,0,"]
+    for age in range(1, 9):  # the anchor's drift grows 8x; the fusion removes it all
+        lines.append(f"{age},1e-6,{0.01 * age},1.0,1e-7,{0.001 * age},0.01")
+    (root / "paper_figures/anchor_staleness.csv").write_text("\n".join(lines) + "\n")
+    got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
+    grow, rec = got["staleness_growth"], got["fusion_recovery"]
+    assert grow.value == pytest.approx(8.0) and grow.verdict == C.REPRODUCED
+    assert "after the fusion 1.00e-06 -> 1.00e-06, 1.0x" in grow.shown
+    assert rec.value == pytest.approx(1.0) and rec.verdict == C.REPRODUCED

@@ -144,3 +144,15 @@ def test_the_cli_trains_the_control_and_hands_the_flag_to_torchrun(monkeypatch):
     monkeypatch.setattr(train, "train_fusion", lambda p, **kw: (seen.update(kw=kw), {"run": "stub"})[1])
     assert cli.main(["dg-posttrain", "--fresh-anchor"]) == 0
     assert seen["kw"]["fresh"] is True
+
+
+def test_throughput_is_the_median_over_full_batches_of_every_seed():
+    throughput = table1.throughput
+    # two seeds' full batches of 16 prompts and a last, shorter batch of 7 each
+    timed = [(16, 2.0, 1.8), (16, 4.0, 3.6), (7, 1.0, 0.9), (16, 3.5, 3.0), (16, 2.5, 2.2), (7, 0.9, 0.8)]
+    out = throughput(timed, tokens_per_prompt=32)
+    assert out["batch_prompts"] == 16 and out["seconds"] == [2.0, 4.0, 3.5, 2.5]
+    assert out["decoder_seconds"] == [1.8, 3.6, 3.0, 2.2]
+    assert out["tokens_per_s"] == pytest.approx(16 * 32 / 3.0)  # median of 2.0, 2.5, 3.5, 4.0
+    alone = throughput([(3, 1.5, 1.0)], tokens_per_prompt=32)  # a task smaller than one batch
+    assert alone["seconds"] == [1.5] and alone["tokens_per_s"] == pytest.approx(3 * 32 / 1.5)

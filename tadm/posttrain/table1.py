@@ -230,13 +230,6 @@ class Runner:
             seconds = time.perf_counter() - t0
         return self.decode(seqs, ids.shape[1]), seconds, probe.seconds
 
-    @torch.no_grad()
-    def completions(self, method: Method, prompts: list[str], max_new_tokens: int, seed: int) -> list[str]:
-        bs, starts = self.p.posttrain.eval_batch_size, self.batch_starts(len(prompts))
-        mine = [self.generate_batch(method, prompts[starts[j]: starts[j] + bs], max_new_tokens, seed, starts[j])[0]
-                for j in runtime.shard(len(starts), self.dist)]
-        return [t for batch in runtime.gather(mine, len(starts), self.dist) for t in batch]
-
     def accuracy(self, method: Method, task: Task, seed: int) -> tuple[float, list[str], int, list[tuple[int, float, float]]]:
         """Accuracy in %, the completions, and the decoder-layer calls the generation made (every
         process's batches: generated, scored and counted where they ran, then gathered); and this

@@ -10,6 +10,12 @@ rerun keeps the record of the run that made its outputs.
 ``python -m tadm.stage_times collect`` (the last stage) gathers the records into
 ``metrics/stage_times.json`` and the Markdown table ``paper_figures/stage_times.md`` that the
 README shows: seconds per stage, their sum, and the largest peak RSS.
+
+Stage times say little without the machine's speed at the time (these machines are shared, and
+the same step was measured 1.7x slower an hour apart), so every record also carries a speed
+probe taken just before and just after its stage: the median of a few rounds of a fixed
+float32 matrix product (`probe`, ~0.1 s, in GFLOP/s). The table shows each stage's probe and
+the summary the run's median, so two runs' minutes can be read against their machines.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from tadm.io import atomic_write_json, atomic_write_text
 
 RECORDS = Path("metrics/stage_times")
@@ -31,10 +39,28 @@ SUMMARY = Path("metrics/stage_times.json")
 TABLE = Path("paper_figures/stage_times.md")
 
 
+PROBE_N, PROBE_PRODUCTS, PROBE_ROUNDS = 256, 20, 5
+
+
+def probe(rounds: int = PROBE_ROUNDS) -> float:
+    """The machine's speed now: the median over `rounds` of the GFLOP/s of PROBE_PRODUCTS
+    float32 products of two fixed PROBE_N x PROBE_N matrices (the BLAS the stages' matmuls use)."""
+    a = np.random.default_rng(0).standard_normal((PROBE_N, PROBE_N), dtype=np.float32)
+    flops = PROBE_PRODUCTS * 2 * PROBE_N ** 3
+    speeds = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(PROBE_PRODUCTS):
+            a @ a
+        speeds.append(flops / max(time.perf_counter() - t, 1e-9) / 1e9)
+    return float(np.median(speeds))
+
+
 def run(name: str, command: list[str], records: Path = RECORDS) -> int:
     """Run `command`; on exit code 0 write <records>/<name>.json. Returns the exit code."""
     if not command:
         raise SystemExit("stage_times run: no command given after --")
+    probe_before = probe()
     start, wall = time.time(), time.perf_counter()
     proc = subprocess.run(command)
     seconds = time.perf_counter() - wall
@@ -44,6 +70,7 @@ def run(name: str, command: list[str], records: Path = RECORDS) -> int:
             "stage": name, "seconds": round(seconds, 2), "peak_rss_mib": round(peak_kib / 1024, 1),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)),
             "cpus": os.cpu_count(), "machine": platform.machine(), "command": " ".join(command),
+            "probe_gflops": [round(probe_before, 1), round(probe(), 1)],
         })
     return proc.returncode
 
@@ -59,19 +86,30 @@ def collect(names: list[str], records: Path = RECORDS, summary: Path = SUMMARY, 
     rows = [json.loads((records / f"{n}.json").read_text()) for n in names]
     total = sum(r["seconds"] for r in rows)
     peak = max(r["peak_rss_mib"] for r in rows)
-    out = {"stages": {r["stage"]: {"seconds": r["seconds"], "peak_rss_mib": r["peak_rss_mib"], "started": r["started"]}
-                      for r in rows},
+    probes = [g for r in rows for g in r.get("probe_gflops", [])]  # records older than the probe have none
+    out = {"stages": {r["stage"]: {"seconds": r["seconds"], "peak_rss_mib": r["peak_rss_mib"], "started": r["started"],
+                                   "probe_gflops": r.get("probe_gflops")} for r in rows},
            "total_seconds": round(total, 1), "total_minutes": round(total / 60, 1), "max_peak_rss_mib": peak,
-           "cpus": rows[0]["cpus"]}
+           "cpus": rows[0]["cpus"],
+           "probe_gflops_median": round(float(np.median(probes)), 1) if probes else None,
+           "probe_gflops_range": [min(probes), max(probes)] if probes else None}
     atomic_write_json(summary, out)
     lines = ["# Pipeline stage times", "",
              f"Wall time and peak resident memory of every stage of the last `dvc repro` that ran it "
-             f"({rows[0]['cpus']} CPUs). Written by `python -m tadm.stage_times collect`.", "",
-             "| stage | seconds | minutes | peak RSS (MiB) |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['stage']} | {r['seconds']:.0f} | {r['seconds'] / 60:.1f} | {r['peak_rss_mib']:.0f} |" for r in rows]
-    lines += [f"| **total** | **{total:.0f}** | **{total / 60:.1f}** | **{peak:.0f}** (max) |", ""]
+             f"({rows[0]['cpus']} CPUs). Written by `python -m tadm.stage_times collect`. The probe is the "
+             "machine's speed just before / after the stage (GFLOP/s of a fixed float32 matrix product, "
+             "`tadm.stage_times.probe`): the same stage takes longer when it is lower.", "",
+             "| stage | seconds | minutes | peak RSS (MiB) | probe GFLOP/s |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['stage']} | {r['seconds']:.0f} | {r['seconds'] / 60:.1f} | {r['peak_rss_mib']:.0f} | "
+              f"{_probe_cell(r.get('probe_gflops'))} |" for r in rows]
+    median = f"{out['probe_gflops_median']:.1f} (median)" if probes else "-"
+    lines += [f"| **total** | **{total:.0f}** | **{total / 60:.1f}** | **{peak:.0f}** (max) | {median} |", ""]
     atomic_write_text(table, "\n".join(lines))
     return out
+
+
+def _probe_cell(probe_gflops: list[float] | None) -> str:
+    return " / ".join(f"{g:.1f}" for g in probe_gflops) if probe_gflops else "-"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,22 +17,38 @@ def test_run_records_time_and_peak_memory_and_passes_the_exit_code(tmp_path):
     rec = json.loads((tmp_path / "big.json").read_text())
     assert rec["stage"] == "big" and rec["seconds"] >= 0.2
     assert rec["peak_rss_mib"] >= 64
+    before, after = rec["probe_gflops"]  # the machine's speed around the stage
+    assert before > 0 and after > 0
 
     assert stage_times.run("fails", [sys.executable, "-c", "raise SystemExit(3)"], records=tmp_path) == 3
     assert not (tmp_path / "fails.json").exists()  # no record for a failed stage
 
 
 def test_collect_writes_the_summary_and_the_table(tmp_path):
-    for name, secs in (("a", 1.0), ("b", 120.0)):
-        (tmp_path / f"{name}.json").write_text(json.dumps(
-            {"stage": name, "seconds": secs, "peak_rss_mib": 100.0 * secs, "started": "t", "cpus": 2}))
-    out = stage_times.collect(["a", "b"], records=tmp_path, summary=tmp_path / "s.json", table=tmp_path / "t.md")
-    assert out["total_seconds"] == 121.0 and out["max_peak_rss_mib"] == 12000.0
-    assert list(out["stages"]) == ["a", "b"]
+    probes = {"a": [10.0, 30.0], "b": [20.0, 21.0], "c": None}  # c: a record from before the probe
+    for name, secs in (("a", 1.0), ("b", 120.0), ("c", 2.0)):
+        rec = {"stage": name, "seconds": secs, "peak_rss_mib": 100.0 * secs, "started": "t", "cpus": 2}
+        if probes[name]:
+            rec["probe_gflops"] = probes[name]
+        (tmp_path / f"{name}.json").write_text(json.dumps(rec))
+    out = stage_times.collect(["a", "b", "c"], records=tmp_path, summary=tmp_path / "s.json", table=tmp_path / "t.md")
+    assert out["total_seconds"] == 123.0 and out["max_peak_rss_mib"] == 12000.0
+    assert list(out["stages"]) == ["a", "b", "c"]
+    assert out["probe_gflops_median"] == 20.5 and out["probe_gflops_range"] == [10.0, 30.0]
     table = (tmp_path / "t.md").read_text()
-    assert "| b | 120 | 2.0 | 12000 |" in table and "**121**" in table
+    assert "| b | 120 | 2.0 | 12000 | 20.0 / 21.0 |" in table and "| c | 2 | 0.0 | 200 | - |" in table
+    assert "**123**" in table and "20.5 (median)" in table
     with pytest.raises(DataError, match="no time record for stage.*missing"):
         stage_times.collect(["a", "missing"], records=tmp_path, summary=tmp_path / "s.json", table=tmp_path / "t.md")
+
+
+def test_the_probe_measures_the_fixed_product(monkeypatch):
+    # a clock that advances 0.1 s per reading: every round lasts 0.1 s, so the speed is the
+    # round's FLOPs / 0.1 s
+    clock = iter(range(10**6))
+    monkeypatch.setattr(stage_times.time, "perf_counter", lambda: next(clock) * 0.1)
+    flops = stage_times.PROBE_PRODUCTS * 2 * stage_times.PROBE_N ** 3
+    assert stage_times.probe(rounds=3) == pytest.approx(flops / 0.1 / 1e9)
 
 
 def test_the_cli_runs_the_command_after_the_separator(tmp_path, monkeypatch):

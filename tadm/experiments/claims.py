@@ -339,7 +339,9 @@ def _staleness_claims(inp: Inputs) -> list[Claim]:
 
 def _table1_claims(inp: Inputs) -> list[Claim]:
     thr = Claim("posttrain_throughput", "TADM:Post-train: +49% to +79% throughput over its frozen base (K = 2, 3)",
-                "1.49x-1.79x", paper_value=1.49, test="best K's tokens/s over base >= 1.49 within 2 se, > 1 beyond 2 se",
+                "1.49x-1.79x", paper_value=1.49,
+                test="best K's throughput over base (median of paired batch-time ratios) >= 1.49 within 2 se, "
+                "> 1 beyond 2 se",
                 source="results/table1.json")
     acc = Claim("posttrain_accuracy", "TADM:Post-train preserves the base's task accuracy (within noise)",
                 "Δ 0.00 to -1.2 pts",
@@ -359,15 +361,11 @@ def _table1_claims(inp: Inputs) -> list[Claim]:
             base = m["Base"]
             tadm = [v for k, v in m.items() if k.startswith("TADM") and v.get("refresh_every")]
             best = max(tadm, key=lambda v: v["refresh_every"])
-            # throughput: medians over repeats; spread from the repeats' min-max
-            rb, rt = base["tokens_per_s"], best["tokens_per_s"]
-            ratio = rt / rb
-            gen_b = [rb * statistics.median(base["seconds"]) / s for s in base["seconds"]]
-            gen_t = [rt * statistics.median(best["seconds"]) / s for s in best["seconds"]]
-            sb = statistics.stdev(gen_b) if len(gen_b) > 1 else None
-            st = statistics.stdev(gen_t) if len(gen_t) > 1 else None
+            # throughput: Table 1's paired estimate (the median over prompt batches of the base's
+            # time / TADM's on the same batch, the two timed within seconds), its bootstrap se
+            ratio = best["throughput_x"]
             ratios.append(ratio)
-            ses.append(_ratio_se(rt, st, rb, sb))
+            ses.append(best.get("throughput_se"))
             control = next((v for v in m.values() if v.get("control")), None)
             ref = control or base
             diffs = [a - b for a, b in zip(best["accuracy_seeds"], ref["accuracy_seeds"])]

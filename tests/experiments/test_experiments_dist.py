@@ -68,6 +68,10 @@ def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path)
     for label in one["methods"]:
         _same(one["methods"][label], two["methods"][label],
               ("accuracy_seeds", "layer_calls", "examples", "flops", "decoder_flops", "layer_calls_per_step"))
+    for r in (one, two):  # the speed-ups pair each method's batch times with the base's, in one order
+        base = r["methods"]["Base"]
+        assert base["throughput_x"] == 1.0 and base["decoder_speedup_x"] == 1.0
+        assert all(len(m["seconds"]) == len(base["seconds"]) and m["throughput_x"] > 0 for m in r["methods"].values())
 
 
 def test_asrd_two_processes_score_what_one_does(posttrain_workspace, tmp_path):

@@ -83,14 +83,16 @@ def test_a_control_fusion_is_not_loaded_as_tadms(tmp_path, tiny_base):
 
 
 def _row(accs, tps=100.0, calls=300, control=False, k=None):
+    seconds = [100.0 / tps * s for s in (1.0, 1.2, 0.9)]  # three full batches, timed as the base's x 100 / tps
     return {"accuracy": sum(accs) / len(accs), "accuracy_seeds": accs, "accuracy_sd": 1.0, "refresh_every": k,
-            "control": control, "layer_calls": calls, "tokens_per_s": tps, "seconds": [1.0], "decoder_seconds": [0.9],
-            "flops": 10.0 * calls, "decoder_flops": 9.0 * calls}
+            "control": control, "layer_calls": calls, "tokens_per_s": tps, "seconds": seconds,
+            "decoder_seconds": [0.9 * s for s in seconds], "flops": 10.0 * calls, "decoder_flops": 9.0 * calls}
 
 
 def results():
     methods = {"Base": _row([20.0, 22.0, 24.0]), table1.CONTROL: _row([30.0, 31.0, 35.0], control=True, k=1),
                "TADM K=1": _row([20.0, 22.0, 24.0], k=1), "TADM K=2": _row([29.0, 31.0, 33.0], 150.0, 200, k=2)}
+    table1.add_speedups(methods, "Base")
     return {"tasks": {"arithmetic": {"n": 10, "methods": methods}}}
 
 
@@ -156,3 +158,46 @@ def test_throughput_is_the_median_over_full_batches_of_every_seed():
     assert out["tokens_per_s"] == pytest.approx(16 * 32 / 3.0)  # median of 2.0, 2.5, 3.5, 4.0
     alone = throughput([(3, 1.5, 1.0)], tokens_per_prompt=32)  # a task smaller than one batch
     assert alone["seconds"] == [1.5] and alone["tokens_per_s"] == pytest.approx(3 * 32 / 1.5)
+
+
+def test_the_speed_up_is_paired_batch_by_batch_so_a_common_slowdown_cancels():
+    # the machine halves its speed between batches: both methods' times grow alike, the ratio holds
+    base, tadm = [1.0, 2.0, 4.0, 8.0], [0.5, 1.0, 2.0, 4.0]
+    assert table1.paired_speedup(base, tadm) == (pytest.approx(2.0), pytest.approx(0.0))
+    ratio, se = table1.paired_speedup([1.0, 1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 1.0, 0.25])
+    assert ratio == pytest.approx(2.0) and 0 < se < 2  # median of 2, 2, 2, 1, 4; spread from the outliers
+    assert table1.paired_speedup([3.0], [1.5]) == (pytest.approx(2.0), pytest.approx(float("nan"), nan_ok=True))
+    with pytest.raises(ValueError, match="3 base batch times against 2"):
+        table1.paired_speedup([1.0, 1.0, 1.0], [1.0, 1.0])
+    df = table1.frame(results()).set_index("method")
+    assert df.loc["TADM K=2"].throughput_x == pytest.approx(1.5) and df.loc["Base"].throughput_x == 1.0
+    assert "| 1.50x ± 0.00x |" in table1.to_markdown(df.reset_index())
+
+
+def test_each_prompt_batch_is_generated_by_every_method_in_turn(tiny_base, monkeypatch):
+    """Runner.run_seed: batch by batch, each method in turn (not every batch of one method,
+    then the next), so that the times it pairs are seconds apart; and every method counts
+    its own decoder-layer calls."""
+    p = params(**{"posttrain.eval_batch_size": 2})
+    order = []
+
+    class Fake:
+        def __init__(self, label, layers):
+            self.label, self.base, self.layers = label, tiny_base, layers
+
+    def generate_batch(self, method, prompts, max_new_tokens, seed, lo):
+        order.append((lo, method.label))
+        for _ in range(method.layers):  # what a generation's decoder calls would count
+            tiny_base.model.decoder.layers[0](torch.zeros(1))  # one decoder-layer call, seen by the hook
+        return [f"{method.label} {lo + k}" for k in range(len(prompts))], 1.0, 0.5
+
+    monkeypatch.setattr(table1.Runner, "generate_batch", generate_batch)
+    monkeypatch.setattr(type(tiny_base.model.decoder.layers[0]), "forward", lambda self, *a, **k: None)
+    runner = table1.Runner(p, type("Tok", (), {"eos_token_id": 1, "pad_token_id": 0})(), [])
+    runner.methods = [Fake("Base", 3), Fake("TADM K=2", 2)]
+    task = table1.Task("t", ["a", "b", "c", "d", "e"], lambda i, text: text.startswith("Base"), 8)
+    out = runner.run_seed(task, seed=0)
+    assert order == [(0, "Base"), (0, "TADM K=2"), (2, "Base"), (2, "TADM K=2"), (4, "Base"), (4, "TADM K=2")]
+    assert out["Base"][0] == 100.0 and out["TADM K=2"][0] == 0.0
+    assert (out["Base"][2], out["TADM K=2"][2]) == (9, 6)  # three batches each, its own calls only
+    assert [n for n, _, _ in out["TADM K=2"][3]] == [2, 2, 1]

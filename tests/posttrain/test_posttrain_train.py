@@ -15,7 +15,7 @@ from tadm.errors import ConfigError, DataError
 from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import sampling_kwargs
 from tadm.posttrain.data import CanvasBatch
-from tadm.posttrain.objective import Rollout, antithetic_times, posttrain_loss, uniform_noise
+from tadm.posttrain.objective import Rollout, antithetic_times, base_loss, decoder_logits, posttrain_loss, uniform_noise
 from tadm.posttrain.train import _loop, _settings, cosine_lr, micro_batches
 from tadm.runtime import Dist
 from tadm.train import checkpoint as ck
@@ -76,6 +76,42 @@ def test_noise_and_times():
     assert torch.equal(z[0], x[0])
     # a replaced token is uniform over 100 ids, so it is 0 again with probability 1/100
     assert abs(float((z[1] != 0).float().mean()) - 0.5 * 0.99) < 0.02
+
+
+def test_the_base_loss_encodes_the_context_once_with_the_same_values_and_gradients():
+    """base_loss reads one encoder cache in both decoder passes; encoding the context for each
+    pass (the plain model call) gives the same loss and the same gradient of every parameter
+    (the encoder's reach it through the trained pass's reads of the cache)."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.manual_seed(0)
+    model = DiffusionGemmaForBlockDiffusion(tiny_config()).train()
+    b = batch(b=4)
+
+    def per_pass(model, b, gen, p):  # the reference: the context encoded by each model call
+        t = antithetic_times(len(b.target), gen)
+        z = uniform_noise(b.target, t, model.config.text_config.vocab_size, gen)
+        use_sc = torch.rand(len(z), generator=gen) < p
+        with torch.no_grad():
+            sc = decoder_logits(model, b, z)
+        logits = decoder_logits(model, b, z, sc, use_sc)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), b.target.flatten())
+
+    grads, encoded = [], []
+    hook = model.model.encoder.register_forward_hook(lambda *_: encoded.append(1))
+    for fn in (base_loss, per_pass):
+        model.zero_grad()
+        encoded.clear()
+        loss = fn(model, b, torch.Generator().manual_seed(3), 0.5)
+        loss.backward()
+        grads.append((loss.detach(), {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None},
+                      len(encoded)))
+    hook.remove()
+    (loss, g, n_enc), (ref, g_ref, n_ref) = grads
+    assert (n_enc, n_ref) == (1, 2)
+    assert torch.allclose(loss, ref, rtol=1e-6, atol=1e-6) and g.keys() == g_ref.keys()
+    assert any("encoder" in n and v.abs().sum() > 0 for n, v in g.items())  # the encoder is trained
+    assert all(torch.allclose(g[n], g_ref[n], rtol=1e-5, atol=1e-7) for n in g)
 
 
 def test_paper_profile_path_on_a_local_checkpoint(tmp_path, tiny_base):

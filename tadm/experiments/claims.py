@@ -121,6 +121,14 @@ def _ratio_se(a: float, sa: float | None, b: float, sb: float | None) -> float |
     return abs(a / b) * math.sqrt((sa / a) ** 2 + (sb / b) ** 2)
 
 
+def _growth(after: float, before: float) -> float:
+    """after / before: a KL's growth from cache age 1; inf when it starts at exactly 0 and
+    grows, nan when it stays 0 (a measured KL does not reach 0, a perfect fusion can)."""
+    if before > 0:
+        return after / before
+    return math.inf if after > 0 else math.nan
+
+
 def _fmt(v: float | None, se: float | None = None, digits: int = 3, suffix: str = "") -> str:
     if v is None or not math.isfinite(v):
         return "–"
@@ -322,11 +330,14 @@ def _staleness_claims(inp: Inputs) -> list[Claim]:
         k1, kk = float(rows[1]["kl_reused"]), float(rows[top]["kl_reused"])
         s1, sk = float(rows[1].get("kl_reused_se") or "nan"), float(rows[top].get("kl_reused_se") or "nan")
         f1, fk = float(rows[1]["kl_fused"]), float(rows[top]["kl_fused"])
-        grow.value = kk / k1
-        grow.se = _ratio_se(kk, sk, k1, s1)
-        grow.shown = (f"{_fmt(grow.value, grow.se, 1, 'x')} (KL {k1:.2e} at age 1 -> {kk:.2e} at age {top} nats/token; "
-                      f"after the fusion {f1:.2e} -> {fk:.2e}, {fk / f1:.1f}x)")
-        grow.verdict = direction(grow.value - 1, grow.se)
+        grow.value = _growth(kk, k1)
+        grow.se = _ratio_se(kk, sk, k1, s1) if k1 > 0 else None
+        ratio = _fmt(grow.value, grow.se, 1, "x") if k1 > 0 else "unbounded"
+        fused = f"{_growth(fk, f1):.1f}x" if f1 > 0 else "unbounded" if fk > 0 else "none"
+        grow.shown = (f"{ratio} (KL {k1:.2e} at age 1 -> {kk:.2e} at age {top} nats/token; "
+                      f"after the fusion {f1:.2e} -> {fk:.2e}, {fused})")
+        # from an exact 0 at age 1 any drift is growth: then the test is the KL at the top age > 0
+        grow.verdict = direction(grow.value - 1, grow.se) if k1 > 0 else direction(kk, sk)
         aged = [r for a, r in rows.items() if a > 0]
         vals = [float(r["recovery"]) for r in aged]
         ses = [float(r.get("recovery_se") or "nan") for r in aged]

@@ -116,3 +116,9 @@ def test_staleness_is_the_reused_anchor_s_drift_and_a_perfect_fusion_does_not_hi
     assert grow.value == pytest.approx(8.0) and grow.verdict == C.REPRODUCED
     assert "after the fusion 1.00e-06 -> 1.00e-06, 1.0x" in grow.shown
     assert rec.value == pytest.approx(1.0) and rec.verdict == C.REPRODUCED
+    # a fusion that is exact at every age, and an anchor exact at age 1: no division by the zero
+    lines = [lines[0], lines[1]] + [f"{age},0,{0.01 * (age - 1)},1.0,0,{0.001 * age},0.01" for age in range(1, 9)]
+    (root / "paper_figures/anchor_staleness.csv").write_text("\n".join(lines) + "\n")
+    grow = {c.id: c for c in C.claims(C.read_inputs(p, root))}["staleness_growth"]
+    assert grow.value == float("inf") and grow.verdict == C.REPRODUCED  # 0 -> 0.07 at age 8, se 0.008
+    assert grow.shown.startswith("unbounded (KL 0.00e+00 at age 1") and "0.00e+00 -> 0.00e+00, none)" in grow.shown

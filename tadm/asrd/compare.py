@@ -14,7 +14,7 @@ one mechanism off; on the time-anchored DiffusionGemma, ASRD + TADM and its matc
 table reads ASRD's effect on TADM apart from TADM's own. Each ASRD row names its base (`base`)
 and the table gives its accuracy against it. Each is run with every seed of ``asrd.seeds``;
 accuracy is the mean (and sd) over seeds. Tokens/s counts generated positions over the
-decoding loop's wall time (all seeds and batches; the methods interleaved seed by seed), and
+decoding loop's wall time (all seeds and batches; the methods interleaved batch by batch), and
 the speed-up is against low-confidence remasking measured in the same run; model calls and
 transformer-layer calls are per decoded batch (ASRD's checks ride on its generation passes:
 no verification call), checked / remasked candidates per sequence.
@@ -38,6 +38,7 @@ import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -156,31 +157,43 @@ class Tally:
 
 
 class _Batches:
-    """Decodes a task's batches (`decode_batch(lo)` -> (result, texts)) split over the processes of
-    `dist`, scores each where it ran, and puts counters, scores and texts back in batch order."""
+    """Decodes a task's batches (`decode_batch(lo)` -> (result, texts, generated tokens)) split
+    over the processes of `dist`, scores each where it ran, and puts counters, scores and texts
+    back in batch order. A runner's ``decoder(backend, task, settings)`` makes `decode_batch`."""
 
     dist: runtime.Dist
     batch: int
 
-    def _run_batches(self, task: T.TaskSet, tally: Tally, decode_batch) -> float:
+    def run(self, backend: Backend, task, settings: DecodeSettings, tally: Tally) -> float:
+        """Accuracy (%) of `settings` on `task`; counters, time and examples go to `tally`."""
+        return self.run_interleaved(task, [(self.decoder(backend, task, settings), tally)])[0]
+
+    def run_interleaved(self, task, jobs: list[tuple[Callable, Tally]]) -> list[float]:
+        """Accuracy (%) of each (decode_batch, tally) job on `task`, the jobs taking turns on
+        every batch (batch 1 by every job, then batch 2, ...), so that machine-speed drift over
+        the run hits every method alike instead of whichever ran in a slow stretch."""
         starts = list(range(0, len(task), self.batch))
-        mine = []
+        mine = [[] for _ in jobs]
         for j in runtime.shard(len(starts), self.dist):
-            with self.dist.autocast():
-                r, texts, generated = decode_batch(starts[j])
-            c = r.counters
-            mine.append({"texts": texts, "correct": [bool(task.score(starts[j] + k, t)) for k, t in enumerate(texts)],
-                         "generated": generated, "seconds": r.seconds, "calls": c.calls, "verify_calls": c.verify_calls,
-                         "layer_calls": c.layer_calls, "refreshes": c.refreshes, "remasked": r.remasked, "verified": r.verified,
-                         "sequences": len(r.tokens)})
-        batches = runtime.gather(mine, len(starts), self.dist)
-        for b in batches:
-            _count(tally, b)
-        texts = [t for b in batches for t in b["texts"]]
-        correct = [c for b in batches for c in b["correct"]]
-        if not tally.examples:
-            tally.examples = texts[:5]
-        return 100.0 * sum(correct) / len(correct)
+            for out, (decode_batch, _) in zip(mine, jobs):
+                with self.dist.autocast():
+                    r, texts, generated = decode_batch(starts[j])
+                c = r.counters
+                out.append({"texts": texts, "correct": [bool(task.score(starts[j] + k, t)) for k, t in enumerate(texts)],
+                            "generated": generated, "seconds": r.seconds, "calls": c.calls,
+                            "verify_calls": c.verify_calls, "layer_calls": c.layer_calls, "refreshes": c.refreshes,
+                            "remasked": r.remasked, "verified": r.verified, "sequences": len(r.tokens)})
+        accuracies = []
+        for out, (_, tally) in zip(mine, jobs):  # the same collectives, in the same order, on every process
+            batches = runtime.gather(out, len(starts), self.dist)
+            for b in batches:
+                _count(tally, b)
+            texts = [t for b in batches for t in b["texts"]]
+            correct = [c for b in batches for c in b["correct"]]
+            if not tally.examples:
+                tally.examples = texts[:5]
+            accuracies.append(100.0 * sum(correct) / len(correct))
+        return accuracies
 
 
 class MaskedRunner(_Batches):
@@ -202,14 +215,14 @@ class MaskedRunner(_Batches):
     def backend(self, refresh_every: int) -> Backend:
         return MaskedBackend(self.model, refresh_every)
 
-    def run(self, backend: Backend, task: T.TaskSet, settings: DecodeSettings, tally: Tally) -> float:
+    def decoder(self, backend: Backend, task: T.TaskSet, settings: DecodeSettings) -> Callable:
         canvases, region = self.layout.encode(task.prompts), self.layout.region
 
         def decode_batch(lo: int):
             r = decode(backend, canvases[lo: lo + self.batch], region, settings)
             return r, self.layout.decode(runtime.host(r.tokens)), len(r.tokens) * int(region.sum())
 
-        return self._run_batches(task, tally, decode_batch)
+        return decode_batch
 
 
 class DiffusionGemmaRunner(_Batches):
@@ -232,17 +245,17 @@ class DiffusionGemmaRunner(_Batches):
         fusion = self.tadm.fusion if refresh_every > 1 else None
         return DiffusionGemmaBackend(self.tadm.split, fusion, refresh_every)
 
-    def run(self, backend: DiffusionGemmaBackend, task: T.TaskSet, settings: DecodeSettings, tally: Tally) -> float:
+    def decoder(self, backend: DiffusionGemmaBackend, task: T.TaskSet, settings: DecodeSettings) -> Callable:
         region = torch.ones(self.canvas, dtype=torch.bool)
 
         def decode_batch(lo: int):
             context, mask = self.io.encode(task.prompts[lo: lo + self.batch])
-            backend.set_context(context, mask)
+            backend.set_context(context, mask)  # each method has its own backend: set per batch
             canvas = torch.full((len(context), self.canvas), self.io.pad, dtype=torch.long)
             r = decode(backend, canvas, region, settings)
             return r, self.io.decode(runtime.host(r.tokens), 0), r.tokens.numel()
 
-        return self._run_batches(task, tally, decode_batch)
+        return decode_batch
 
 
 def _count(tally: Tally, b: dict) -> None:
@@ -286,11 +299,11 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
         task = sets[task_name]
         backends = {v.label: runner.backend(v.refresh_every) for v in vs}
         tallies = {v.label: Tally() for v in vs}
-        for seed in a.seeds:  # methods interleaved, so machine-speed drift hits them alike
-            for v in vs:
-                tally = tallies[v.label]
-                tally.accuracies.append(runner.run(backends[v.label], task, v.settings.replace(seed=seed), tally))
-                bar.update()
+        for seed in a.seeds:  # methods interleaved batch by batch, so machine-speed drift hits them alike
+            jobs = [(runner.decoder(backends[v.label], task, v.settings.replace(seed=seed)), tallies[v.label]) for v in vs]
+            for v, acc in zip(vs, runner.run_interleaved(task, jobs)):
+                tallies[v.label].accuracies.append(acc)
+            bar.update(len(vs))
         rows = {v.label: {**tallies[v.label].row(), "refresh_every": v.refresh_every, "base": v.base,
                           "settings": dataclass_dict(v.settings)} for v in vs}
         results["groups"].append({"task": task_name, "model": runner.name, "n": len(task), "methods": rows})

@@ -31,7 +31,7 @@ import torch
 
 from tadm import runtime
 from tadm.asrd.backends import Backend, LladaBackend
-from tadm.asrd.compare import Tally, _Batches, variants
+from tadm.asrd.compare import _Batches, variants
 from tadm.asrd.decode import DecodeSettings, decode
 from tadm.config import Params
 from tadm.errors import DataError
@@ -126,16 +126,16 @@ class LladaRunner(_Batches):
             texts.append(self.tok.decode(row[:cut], skip_special_tokens=True))
         return texts
 
-    def run(self, backend: Backend, task: BenchmarkTask, settings: DecodeSettings, tally: Tally) -> float:
-        """Accuracy (%) of `settings` on `task`; counters, time and examples go to `tally`,
-        batches split over the processes of the runner's dist."""
+    def decoder(self, backend: Backend, task: BenchmarkTask, settings: DecodeSettings):
+        """`decode_batch(lo)` of `settings` on `task` (run by `_Batches.run` /
+        `run_interleaved`: batches split over the processes of the runner's dist)."""
 
         def decode_batch(lo: int):
             canvas, region = self.encode(task.prompts[lo: lo + self.batch])
             r = decode(backend, canvas, region, settings)
             return r, self.completions(r.tokens, region), len(canvas) * self.gen
 
-        return self._run_batches(task, tally, decode_batch)
+        return decode_batch
 
 
 def llada_variants(p: Params) -> list:

@@ -113,3 +113,44 @@ def test_the_table_reads_each_asrd_row_against_its_own_base():
     assert got["ASRD"] == 3.0 and got["ASRD + TADM K=2"] == -1.0 and math.isnan(got[compare.BASELINE])
     md = compare.to_markdown(df)
     assert "| ASRD + TADM K=2 | 19.0 ± 0.0 | +9.0 | -1.0 |" in md and "| +0.0 | — |" in md
+
+
+def test_methods_take_turns_on_every_batch_and_each_keeps_its_own_tally():
+    """_Batches.run_interleaved: batch 1 by every method, then batch 2, ... (so a slow stretch
+    of the machine hits every method alike); each method's counters, time and accuracy stay
+    its own, and the single-method `run` is the same decoding."""
+    import torch
+
+    from tadm import runtime
+    from tadm.asrd.backends import DecodeCounters
+    from tadm.asrd.decode import DecodeResult
+
+    order = []
+
+    class Batches(compare._Batches):
+        dist, batch = runtime.Dist(), 2
+
+    def decoder(name, calls, seconds):
+        def decode_batch(lo):
+            order.append((lo, name))
+            n = min(2, 5 - lo)
+            counters = DecodeCounters(calls=calls)
+            result = DecodeResult(tokens=torch.zeros(n, 4, dtype=torch.long), counters=counters, steps=4, remasked=0,
+                                  verified=0, seconds=seconds, settings=None)
+            return result, [name] * n, 4 * n
+        return decode_batch
+
+    task = TaskSet("spelling", [f"q{i}" for i in range(5)], ["a"] * 5, ["a"] * 5)  # "a" is right, "b" wrong
+    runner = Batches()
+    tallies = [compare.Tally(), compare.Tally()]
+    accs = runner.run_interleaved(task, [(decoder("a", 3, 1.0), tallies[0]), (decoder("b", 1, 0.5), tallies[1])])
+    assert order == [(0, "a"), (0, "b"), (2, "a"), (2, "b"), (4, "a"), (4, "b")]
+    assert [t.calls for t in tallies] == [9, 3] and [t.seconds for t in tallies] == [3.0, 1.5]
+    assert [t.tokens for t in tallies] == [20, 20] and [t.batches for t in tallies] == [3, 3]
+    assert tallies[0].examples == ["a"] * 5 and tallies[1].examples == ["b"] * 5
+    order.clear()
+    alone = compare.Tally()
+    runner.decoder = lambda backend, task, settings: decoder("b", 1, 0.5)
+    runner.run(None, task, None, alone)
+    assert order == [(0, "b"), (2, "b"), (4, "b")] and alone.calls == 3
+    assert accs == [100.0, 0.0]

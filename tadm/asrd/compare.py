@@ -15,7 +15,8 @@ table reads ASRD's effect on TADM apart from TADM's own. Each ASRD row names its
 and the table gives its accuracy against it. Each is run with every seed of ``asrd.seeds``;
 accuracy is the mean (and sd) over seeds. Tokens/s counts generated positions over the
 decoding loop's wall time (all seeds and batches; the methods interleaved batch by batch), and
-the speed-up is against low-confidence remasking measured in the same run; model calls and
+the speed-up is against low-confidence remasking measured in the same run: the median over
+batches of the paired time ratio, ± its bootstrap se; model calls and
 transformer-layer calls are per decoded batch (ASRD's checks ride on its generation passes:
 no verification call), checked / remasked candidates per sequence.
 
@@ -144,6 +145,7 @@ class Tally:
     verified: int = 0
     sequences: int = 0
     examples: list[str] = field(default_factory=list)
+    batch_seconds: list[float] = field(default_factory=list)  # in decoding order (paired across methods)
 
     def row(self) -> dict:
         acc = self.accuracies
@@ -153,7 +155,8 @@ class Tally:
                 "calls_per_batch": per_batch(self.calls), "verify_calls_per_batch": per_batch(self.verify_calls),
                 "layer_calls_per_batch": per_batch(self.layer_calls), "refreshes_per_batch": per_batch(self.refreshes),
                 "remasked_per_sequence": self.remasked / self.sequences,
-                "verified_per_sequence": self.verified / self.sequences, "examples": self.examples[:5]}
+                "verified_per_sequence": self.verified / self.sequences, "examples": self.examples[:5],
+                "batch_seconds": self.batch_seconds}
 
 
 class _Batches:
@@ -260,6 +263,7 @@ class DiffusionGemmaRunner(_Batches):
 
 def _count(tally: Tally, b: dict) -> None:
     tally.seconds += b["seconds"]
+    tally.batch_seconds.append(b["seconds"])
     tally.tokens += b["generated"]
     tally.batches += 1
     tally.calls += b["calls"]
@@ -351,8 +355,13 @@ def dataclass_dict(settings: DecodeSettings) -> dict:
 
 def frame(results: dict):
     """One line per (task, model, method). `delta_base_pts`: against the row that is the same
-    method without ASRD's mechanisms (NaN where there is none)."""
+    method without ASRD's mechanisms (NaN where there is none). `speedup_x` (± `speedup_se`):
+    against low-confidence remasking, the median over batches of its time / the method's on the
+    same batch (`tadm.posttrain.table1.paired_speedup`; `run` decodes every batch with each
+    method in turn, so each batch is a paired comparison)."""
     import pandas as pd
+
+    from tadm.posttrain.table1 import paired_speedup
 
     lines = []
     for g in results["groups"]:
@@ -360,14 +369,19 @@ def frame(results: dict):
         base = ms[BASELINE]
         for label, m in ms.items():
             own = ms[m["base"]]["accuracy"] if m.get("base") else float("nan")
+            speedup, se = paired_speedup(base["batch_seconds"], m["batch_seconds"])
             lines.append({"task": g["task"], "model": g["model"], "method": label, "accuracy": m["accuracy"],
                           "sd": m["accuracy_sd"], "delta_pts": m["accuracy"] - base["accuracy"],
                           "base": m.get("base") or "", "delta_base_pts": m["accuracy"] - own,
-                          "tokens_per_s": m["tokens_per_s"], "speedup_x": m["tokens_per_s"] / base["tokens_per_s"],
+                          "tokens_per_s": m["tokens_per_s"], "speedup_x": speedup, "speedup_se": se,
                           "calls": m["calls_per_batch"], "verify_calls": m["verify_calls_per_batch"],
                           "layer_calls": m["layer_calls_per_batch"], "remasked": m["remasked_per_sequence"],
                           "checked": m.get("verified_per_sequence", 0.0)})
     return pd.DataFrame(lines)
+
+
+def _speed(v: float, se: float) -> str:
+    return f"{v:.2f}x" if se != se else f"{v:.2f}x ± {se:.2f}x"  # NaN: one batch, no se
 
 
 def _pts(x: float) -> str:
@@ -380,7 +394,7 @@ def to_markdown(df) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
         f"| {r.task} | {r.model} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {r.delta_pts:+.1f} | {_pts(r.delta_base_pts)} | "
-        f"{r.tokens_per_s:,.0f} | {r.speedup_x:.2f}x | {r.calls:.1f} | {r.layer_calls:.0f} | {r.checked:.2f} | {r.remasked:.2f} |\n"
+        f"{r.tokens_per_s:,.0f} | {_speed(r.speedup_x, r.speedup_se)} | {r.calls:.1f} | {r.layer_calls:.0f} | {r.checked:.2f} | {r.remasked:.2f} |\n"
         for r in df.itertuples())
     return head + body
 

@@ -98,10 +98,10 @@ def test_no_sweep_values_means_no_sweeps(params):
     assert out["points"] == [] and runner.decoded == [] and compare.sweep_frame({"sweeps": out}).empty
 
 
-def _row(acc, base=None):
+def _row(acc, base=None, batch_seconds=(1.0, 2.0, 1.5)):
     return {"accuracy": acc, "accuracy_sd": 0.0, "tokens_per_s": 100.0, "calls_per_batch": 3.0,
             "verify_calls_per_batch": 0.0, "layer_calls_per_batch": 12.0, "remasked_per_sequence": 0.5,
-            "verified_per_sequence": 2.0, "base": base}
+            "verified_per_sequence": 2.0, "base": base, "batch_seconds": list(batch_seconds)}
 
 
 def test_the_table_reads_each_asrd_row_against_its_own_base():
@@ -113,6 +113,12 @@ def test_the_table_reads_each_asrd_row_against_its_own_base():
     assert got["ASRD"] == 3.0 and got["ASRD + TADM K=2"] == -1.0 and math.isnan(got[compare.BASELINE])
     md = compare.to_markdown(df)
     assert "| ASRD + TADM K=2 | 19.0 ± 0.0 | +9.0 | -1.0 |" in md and "| +0.0 | — |" in md
+    # the speed-up pairs each batch with the baseline's: a machine twice as slow on batch 2 cancels
+    methods["ASRD"]["batch_seconds"] = [0.5, 1.0, 0.75]
+    df = compare.frame({"groups": [{"task": "arithmetic", "model": "diffusiongemma", "methods": methods}]})
+    got = dict(zip(df.method, zip(df.speedup_x, df.speedup_se)))
+    assert got["ASRD"] == (pytest.approx(2.0), pytest.approx(0.0)) and got[compare.BASELINE][0] == 1.0
+    assert "| 2.00x ± 0.00x |" in compare.to_markdown(df)
 
 
 def test_methods_take_turns_on_every_batch_and_each_keeps_its_own_tally():
@@ -147,6 +153,7 @@ def test_methods_take_turns_on_every_batch_and_each_keeps_its_own_tally():
     assert order == [(0, "a"), (0, "b"), (2, "a"), (2, "b"), (4, "a"), (4, "b")]
     assert [t.calls for t in tallies] == [9, 3] and [t.seconds for t in tallies] == [3.0, 1.5]
     assert [t.tokens for t in tallies] == [20, 20] and [t.batches for t in tallies] == [3, 3]
+    assert tallies[0].batch_seconds == [1.0] * 3 and tallies[1].batch_seconds == [0.5] * 3
     assert tallies[0].examples == ["a"] * 5 and tallies[1].examples == ["b"] * 5
     order.clear()
     alone = compare.Tally()

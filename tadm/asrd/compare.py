@@ -380,21 +380,19 @@ def frame(results: dict):
     return pd.DataFrame(lines)
 
 
-def _speed(v: float, se: float) -> str:
-    return f"{v:.2f}x" if se != se else f"{v:.2f}x ± {se:.2f}x"  # NaN: one batch, no se
-
-
 def _pts(x: float) -> str:
     return "—" if x != x else f"{x:+.1f}"  # NaN: no matched base
 
 
 def to_markdown(df) -> str:
+    from tadm.posttrain.table1 import speed_cell
+
     head = ("| Task | Model | Method | Accuracy (%) | Δ vs LLaDA (pts) | Δ vs own base (pts) | Tokens/s | Speed-up "
             "| Model calls / batch | Layer calls / batch | Checked / seq. | Remasked / seq. |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
         f"| {r.task} | {r.model} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {r.delta_pts:+.1f} | {_pts(r.delta_base_pts)} | "
-        f"{r.tokens_per_s:,.0f} | {_speed(r.speedup_x, r.speedup_se)} | {r.calls:.1f} | {r.layer_calls:.0f} | {r.checked:.2f} | {r.remasked:.2f} |\n"
+        f"{r.tokens_per_s:,.0f} | {speed_cell(r.speedup_x, r.speedup_se)} | {r.calls:.1f} | {r.layer_calls:.0f} | {r.checked:.2f} | {r.remasked:.2f} |\n"
         for r in df.itertuples())
     return head + body
 

@@ -171,7 +171,7 @@ def _on_policy_start(split: SplitDiffusionGemma, batch: CanvasBatch, gen: torch.
     """The start both losses share (call it under no_grad): the context's encoder cache, then the
     draws in this order -- antithetic times, the uniform noise z_t -- the rollout step of the mean
     time, and the decoder inputs. Returns (z, step, inputs)."""
-    cache = split.base.model.encoder(input_ids=batch.context, attention_mask=batch.context_mask).cache
+    cache = encoder_cache(split.base, batch)
     t = antithetic_times(len(batch.target), gen, batch.target.device)
     z = uniform_noise(batch.target, t, split.text_config.vocab_size, gen)
     step = rollout.cur_step(float(t.mean()))

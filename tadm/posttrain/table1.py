@@ -441,7 +441,8 @@ def frame(results: dict):
     return pd.DataFrame(lines)
 
 
-def _speed(v: float, se: float) -> str:
+def speed_cell(v: float, se: float | None) -> str:
+    """A speed-up as a table cell, with its ± where there is one (None / NaN: a single batch)."""
     return f"{v:.2f}x" if se is None or se != se else f"{v:.2f}x ± {se:.2f}x"
 
 
@@ -456,7 +457,7 @@ def to_markdown(df) -> str:
     body = "".join(
         f"| {r.task} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {_pm(r.delta_pts, r.delta_sd)} | "
         f"{_pm(r.delta_control_pts, r.delta_control_sd)} | {r.tokens_per_s:,.0f} | "
-        f"{_speed(r.throughput_x, r.throughput_se)} | {r.compute_x:.2f}x | {r.flop_bound_x:.2f}x | {r.measured_over_bound:.2f} | "
+        f"{speed_cell(r.throughput_x, r.throughput_se)} | {r.compute_x:.2f}x | {r.flop_bound_x:.2f}x | {r.measured_over_bound:.2f} | "
         f"{r.decoder_share:.0%} | {r.decoder_speedup_x:.2f}x | {r.decoder_bound_x:.2f}x | {r.decoder_measured_over_bound:.2f} |\n"
         for r in df.itertuples())
     note = ("\nΔ: accuracy minus the base's / the control's, ± the sd over seeds of the per-seed differences. "

@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N (tadm.runtime)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                    help="network autocast (bf16 only takes effect on CUDA; the draws stay float64)")
+                    help="network autocast (bf16 takes effect on CUDA and on CPUs with native bf16; the draws stay float64)")
     ap.add_argument("--bf16", action="store_true", help="same as --precision bf16")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     ap.add_argument("--ar", action="store_true", help="also time the AR baseline with and without its KV cache")

@@ -4,7 +4,8 @@ One setting, the ``runtime`` section of params.yaml, says it for every stage (tr
 sweep, staleness, compute column, scoring, dg_base, dg_posttrain, table1, asrd):
 
     runtime.device     auto (CUDA when present, else CPU) | cpu | cuda | cuda:N
-    runtime.precision  bf16 | fp32: autocast of sampling and scoring on a GPU (CPU: always fp32)
+    runtime.precision  bf16 | fp32: autocast of sampling and scoring, on a GPU and on a CPU that
+                       multiplies bf16 natively (AVX512-BF16 / AMX); other CPUs run fp32
     runtime.tf32       TF32 matmuls / convolutions on Ampere and newer GPUs
     runtime.nproc      processes per node; >1 relaunches a stage under torchrun
     runtime.compile    torch.compile the network that trains
@@ -24,6 +25,7 @@ import subprocess
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, ContextManager, Sequence
 
 import torch
@@ -42,7 +44,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     device: torch.device = field(default_factory=lambda: CPU)
-    precision: str = "fp32"  # autocast of inference on `device` ("bf16" only takes effect on CUDA)
+    precision: str = "fp32"  # autocast of inference on `device` (see effective_precision)
 
     @property
     def main(self) -> bool:
@@ -95,15 +97,27 @@ def setup(rt: Any = None) -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), device, precision)
 
 
+@lru_cache(maxsize=None)
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX, as oneDNN reports it).
+    Elsewhere bf16 matmuls are emulated and slower than fp32, so the CPU stays in fp32."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def effective_precision(device: torch.device, precision: str = "bf16") -> str:
-    """What `precision` means on `device`: "bf16" on CUDA when asked for; otherwise "fp32"."""
-    return "bf16" if precision == "bf16" and torch.device(device).type == "cuda" else "fp32"
+    """What `precision` means on `device`: "bf16" when asked for on CUDA or on a CPU with native
+    bf16 (:func:`cpu_has_bf16`); otherwise "fp32". Records keep this, not the setting."""
+    if precision != "bf16":
+        return "fp32"
+    kind = torch.device(device).type
+    return "bf16" if kind == "cuda" or (kind == "cpu" and cpu_has_bf16()) else "fp32"
 
 
 def autocast(device: torch.device, precision: str = "bf16") -> ContextManager:
-    """bf16 autocast on CUDA when `precision` is "bf16"; otherwise nothing (fp32)."""
+    """bf16 autocast on `device` when :func:`effective_precision` says so; otherwise nothing
+    (fp32). Weights stay fp32 under it; matmuls, attention and their inputs run in bf16."""
     if effective_precision(device, precision) == "bf16":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return nullcontext()
 
 
@@ -188,4 +202,4 @@ def relaunch(nproc: int, module_argv: Sequence[str]) -> bool:
 
 
 __all__ = ["Dist", "setup", "resolve_device", "autocast", "synchronize", "host", "shard", "gather", "all_mean",
-           "barrier", "relaunch", "effective_precision", "torchrun_argv", "under_torchrun", "configure_backends", "CPU"]
+           "barrier", "relaunch", "effective_precision", "cpu_has_bf16", "torchrun_argv", "under_torchrun", "configure_backends", "CPU"]

@@ -46,6 +46,24 @@ def test_every_profile_has_the_runtime_section():
     assert config.from_dict(config.render_profile("paper")).runtime.nproc > 1
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_the_cpu_follows_native_support(monkeypatch, native):
+    """runtime.precision bf16 autocasts on a CPU that multiplies bf16 natively and leaves every
+    other CPU in fp32; fp32 is fp32 everywhere, and CUDA always honours bf16."""
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: native)
+    layer = torch.nn.Linear(8, 8)
+    with runtime.autocast(runtime.CPU, "bf16"):
+        out = layer(torch.randn(2, 8))
+    assert runtime.effective_precision(runtime.CPU, "bf16") == ("bf16" if native else "fp32")
+    assert out.dtype == (torch.bfloat16 if native else torch.float32)
+    assert layer.weight.dtype == torch.float32  # autocast never casts the weights themselves
+    with runtime.autocast(runtime.CPU, "fp32"):
+        assert layer(torch.randn(2, 8)).dtype == torch.float32
+    assert runtime.effective_precision(runtime.CPU, "fp32") == "fp32"
+    assert runtime.effective_precision(torch.device("cuda", 0), "bf16") == "bf16"
+    assert runtime.effective_precision(torch.device("meta"), "bf16") == "fp32"
+
+
 def test_shard_and_gather_put_items_back_in_order():
     n = 11
     parts = [runtime.shard(n, runtime.Dist(rank=r, world=3)) for r in range(3)]

@@ -18,8 +18,8 @@ therefore depend only on (seed, T, i) -- not on which process draws it or on the
 before it -- so the batches can be split over the processes of a `tadm.runtime.Dist` (process
 r draws batches r, r + N, ...) and put back in batch order, and 1 and N processes give the
 same bits. The model runs on the run's device, its forwards under `runtime.autocast` (the
-samplers' `autocast` setting: bf16 on a GPU when runtime.precision is bf16, fp32 on the CPU; the
-draws stay in sample.precision).
+samplers' `autocast` setting: bf16 when runtime.precision is bf16, on a GPU or a CPU with native
+bf16 (`runtime.effective_precision`), else fp32; the draws stay in sample.precision).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def batch_seed(seed: int, index: int) -> int:
 
 
 def network_autocast(d: runtime.Dist) -> str:
-    """The samplers' `autocast` setting on `d`: "bf16" on a GPU with runtime.precision bf16,
-    else "fp32" (the CPU always runs fp32)."""
+    """The samplers' `autocast` setting on `d`: `runtime.effective_precision` of runtime.precision
+    ("bf16" on a GPU or a CPU with native bf16, else "fp32")."""
     return runtime.effective_precision(d.device, d.precision)
 
 

@@ -21,7 +21,8 @@ and tokens/s over every generated position.
 
 Where it runs: one `tadm.runtime.Dist` (from `runtime.setup(params.runtime)`; notebooks override
 runtime.device / runtime.precision) for sampling and scoring. The evaluator is loaded once, in
-bf16 on a GPU (runtime.precision bf16) and fp32 on the CPU; when it is also the featurizer
+bf16 on a GPU (runtime.precision bf16) and fp32 on the CPU (where it still runs under bf16
+autocast on a CPU with native bf16); when it is also the featurizer
 (eval.featurizer == eval.evaluator: smollm2 / smollm2, gpt2-large / gpt2-large) one forward pass
 gives Gen PPL and the MAUVE features (`gen_ppl_and_features`). The reference features are
 computed once and cached under eval.cache_dir (`Scorer.reference_cache_path`), so every row and
@@ -125,7 +126,8 @@ class Scorer:
 
     @property
     def dtype(self) -> torch.dtype:
-        """bf16 weights on a GPU when runtime.precision is bf16, fp32 otherwise (the CPU)."""
+        """bf16 weights on a GPU when runtime.precision is bf16, fp32 otherwise (the CPU; its
+        autocast is `runtime.effective_precision`, kept in the reference key)."""
         d = self.dist
         return torch.bfloat16 if d.precision == "bf16" and d.device.type != runtime.CPU.type else torch.float32
 
@@ -204,6 +206,7 @@ class Scorer:
                 else type(self.featurizer).__name__,
                 "max_tokens": MAUVE_MAX_TOKENS if self.joint else self.featurizer.max_length,
                 "weights": weights_fingerprint(model), "dtype": str(self.dtype).removeprefix("torch."),
+                "autocast": runtime.effective_precision(self.dist.device, self.dist.precision),
                 "device_type": self.dist.device.type, "batch_size": e.batch_size, "texts": _sha256_texts(texts),
                 "count": len(texts)}
 

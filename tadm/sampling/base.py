@@ -74,7 +74,7 @@ from tadm.schedule import LogLinearSchedule, NoiseSchedule
 SAMPLER_NAMES = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "mdlm-fb", "mdlm-dfm",
                  "sedd-analytic")
 PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
-AUTOCAST = ("fp32", "bf16")  # the network's autocast on a GPU (`tadm.runtime.autocast`); CPU: always fp32
+AUTOCAST = ("fp32", "bf16")  # the network's autocast (`tadm.runtime.autocast`: GPU, or a CPU with native bf16)
 
 
 # --------------------------------------------------------------------------- settings / results

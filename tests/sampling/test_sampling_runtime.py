@@ -129,13 +129,27 @@ def test_a_per_position_rate_out_of_range_is_still_an_error(models):
     assert sampler.pending_checks() == []
 
 
-def test_autocast_setting(models):
+def test_autocast_setting(models, monkeypatch):
     with pytest.raises(ValueError, match="autocast"):
         SamplerSettings(autocast="fp16")
-    with make_adapter(models["tadm"], FixedInterval(2)) as adapter:  # on the CPU bf16 autocast is a no-op
+    from tadm import runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: False)  # a CPU without bf16: a no-op
+    with make_adapter(models["tadm"], FixedInterval(2)) as adapter:
         a = sample(adapter, SamplerSettings(steps=8, seed=3), num_samples=2, seq_len=L)
         b = sample(adapter, SamplerSettings(steps=8, seed=3, autocast="bf16"), num_samples=2, seq_len=L)
     assert torch.equal(a.tokens, b.tokens) and b.settings.as_dict()["autocast"] == "bf16"
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: True)  # one with bf16: the network runs in it
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+             for m in models["tadm"].modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        with make_adapter(models["tadm"], FixedInterval(2)) as adapter:
+            c = sample(adapter, SamplerSettings(steps=8, seed=3, autocast="bf16"), num_samples=2, seq_len=L)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert c.tokens.shape == a.tokens.shape and seen and set(seen) == {torch.bfloat16}
 
 
 # --------------------------------------------------------------------------- AR KV cache

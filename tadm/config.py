@@ -363,7 +363,7 @@ class RuntimeConfig:
     """Where and how every stage runs (tadm.runtime): one device setting for all of them."""
 
     device: str = "auto"  # auto (CUDA when present, else CPU) | cpu | cuda | cuda:N
-    precision: Literal["bf16", "fp32"] = "bf16"  # autocast of sampling and scoring (GPU; CPU with native bf16)
+    precision: Literal["bf16", "fp32"] = "bf16"  # autocast of sampling (GPU; CPU with native bf16) and scoring (GPU)
     tf32: bool = True  # TF32 matmuls on Ampere and newer GPUs
     nproc: int = spec(1, ge=1)  # processes per node: > 1 runs train / sampling / scoring under torchrun
     compile: bool = False  # torch.compile the network that trains

@@ -60,6 +60,11 @@ def test_bf16_on_the_cpu_follows_native_support(monkeypatch, native):
     with runtime.autocast(runtime.CPU, "fp32"):
         assert layer(torch.randn(2, 8)).dtype == torch.float32
     assert runtime.effective_precision(runtime.CPU, "fp32") == "fp32"
+    # the scorers' rule (cpu=False): bf16 on a GPU only
+    assert runtime.effective_precision(runtime.CPU, "bf16", cpu=False) == "fp32"
+    assert runtime.effective_precision(torch.device("cuda", 0), "bf16", cpu=False) == "bf16"
+    with runtime.autocast(runtime.CPU, "bf16", cpu=False):
+        assert layer(torch.randn(2, 8)).dtype == torch.float32
     assert runtime.effective_precision(torch.device("cuda", 0), "bf16") == "bf16"
     assert runtime.effective_precision(torch.device("meta"), "bf16") == "fp32"
 

@@ -104,20 +104,19 @@ def cpu_has_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def effective_precision(device: torch.device, precision: str = "bf16", cpu: bool = True) -> str:
-    """What `precision` means on `device`: "bf16" when asked for on CUDA or, with `cpu`, on a CPU
-    with native bf16 (:func:`cpu_has_bf16`); otherwise "fp32". The sampling records keep this.
-    `cpu=False` is the scorers' rule (`tadm.experiments.table2.Scorer`): bf16 on a GPU only."""
+def effective_precision(device: torch.device, precision: str = "bf16") -> str:
+    """What `precision` means on `device`: "bf16" when asked for on CUDA or on a CPU with native
+    bf16 (:func:`cpu_has_bf16`); otherwise "fp32". Records keep this, not the setting."""
     if precision != "bf16":
         return "fp32"
     kind = torch.device(device).type
-    return "bf16" if kind == "cuda" or (cpu and kind == "cpu" and cpu_has_bf16()) else "fp32"
+    return "bf16" if kind == "cuda" or (kind == "cpu" and cpu_has_bf16()) else "fp32"
 
 
-def autocast(device: torch.device, precision: str = "bf16", cpu: bool = True) -> ContextManager:
-    """bf16 autocast on `device` when :func:`effective_precision` (with `cpu`) says so; otherwise
-    nothing (fp32). Weights stay fp32 under it; matmuls, attention and their inputs run in bf16."""
-    if effective_precision(device, precision, cpu) == "bf16":
+def autocast(device: torch.device, precision: str = "bf16") -> ContextManager:
+    """bf16 autocast on `device` when :func:`effective_precision` says so; otherwise nothing
+    (fp32). Weights stay fp32 under it; matmuls, attention and their inputs run in bf16."""
+    if effective_precision(device, precision) == "bf16":
         return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return nullcontext()
 

@@ -60,11 +60,16 @@ def test_bf16_on_the_cpu_follows_native_support(monkeypatch, native):
     with runtime.autocast(runtime.CPU, "fp32"):
         assert layer(torch.randn(2, 8)).dtype == torch.float32
     assert runtime.effective_precision(runtime.CPU, "fp32") == "fp32"
-    # the scorers' rule (cpu=False): bf16 on a GPU only
-    assert runtime.effective_precision(runtime.CPU, "bf16", cpu=False) == "fp32"
-    assert runtime.effective_precision(torch.device("cuda", 0), "bf16", cpu=False) == "bf16"
-    with runtime.autocast(runtime.CPU, "bf16", cpu=False):
+    # the scorers run no autocast on any CPU (Table 2's Scorer; bf16 on a GPU only)
+    from types import SimpleNamespace
+
+    from tadm.experiments.table2 import Scorer
+
+    scorer = SimpleNamespace(dist=runtime.Dist(0, 1, runtime.CPU, "bf16"))
+    with Scorer.autocast(scorer):
         assert layer(torch.randn(2, 8)).dtype == torch.float32
+    assert Scorer.precision.fget(scorer) == "fp32"
+    assert Scorer.precision.fget(SimpleNamespace(dist=runtime.Dist(0, 1, torch.device("cuda", 0), "bf16"))) == "bf16"
     assert runtime.effective_precision(torch.device("cuda", 0), "bf16") == "bf16"
     assert runtime.effective_precision(torch.device("meta"), "bf16") == "fp32"
 

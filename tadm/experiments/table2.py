@@ -34,6 +34,7 @@ and scores as one process (`tadm.experiments.sampling`, `tadm.metrics.shards`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -125,11 +126,18 @@ class Scorer:
         return self._dist
 
     def autocast(self):
-        """The scorers' autocast: bf16 on a GPU with runtime.precision bf16, fp32 on every CPU
-        (`runtime.effective_precision(cpu=False)`). On this project's CPU bf16 features moved
-        MAUVE(data, data) from 0.921 to 0.896, under the evaluator's 0.9 sanity line, and the
-        small judge costs seconds next to the samplers that bf16 does speed up."""
-        return runtime.autocast(self.dist.device, self.dist.precision, cpu=False)
+        """The scorers' autocast: `runtime.autocast` on a GPU (bf16 with runtime.precision bf16),
+        none on any CPU, even one with native bf16 that the samplers use: there bf16 features
+        moved MAUVE(data, data) from 0.921 to 0.896, under the evaluator's 0.9 sanity line, and
+        the small judge costs seconds next to the samplers."""
+        d = self.dist
+        return contextlib.nullcontext() if d.device.type == runtime.CPU.type else d.autocast()
+
+    @property
+    def precision(self) -> str:
+        """What :meth:`autocast` runs in: "bf16" or "fp32" (kept in the reference-feature key)."""
+        d = self.dist
+        return "fp32" if d.device.type == runtime.CPU.type else runtime.effective_precision(d.device, d.precision)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -212,7 +220,7 @@ class Scorer:
                 else type(self.featurizer).__name__,
                 "max_tokens": MAUVE_MAX_TOKENS if self.joint else self.featurizer.max_length,
                 "weights": weights_fingerprint(model), "dtype": str(self.dtype).removeprefix("torch."),
-                "autocast": runtime.effective_precision(self.dist.device, self.dist.precision, cpu=False),
+                "autocast": self.precision,
                 "device_type": self.dist.device.type, "batch_size": e.batch_size, "texts": _sha256_texts(texts),
                 "count": len(texts)}
 

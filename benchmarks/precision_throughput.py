@@ -15,9 +15,9 @@ prediction: the mean KL(p_fp32 || p_bf16) over masked positions of half-masked c
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -26,6 +26,9 @@ from tadm import runtime
 from tadm.models import build_model, load_pretrained
 from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere
+from sample_throughput import arch as arch_of, report  # noqa: E402
+
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -33,8 +36,6 @@ def load(kind: str, models: str | None, arch: str):
     """models/<kind> when `models` is given, else `kind` at the profile's sizes with random weights."""
     if models:
         return load_pretrained(Path(models) / kind)
-    from benchmarks.sample_throughput import arch as arch_of
-
     cfg, vocab, seq_len = arch_of(arch)
     model = build_model(kind, cfg, vocab, seq_len)
     for prm in model.parameters():  # non-degenerate random weights (the zero init gives uniform outputs)
@@ -101,14 +102,7 @@ def main() -> None:
                      f"[{min(ratios):.2f}-{max(ratios):.2f}] | {kl:.2e} |")
         record.append({"model": name, "tokens_per_s": tps, "speedup": ratios, "kl_fp32_bf16": kl,
                        "seconds": {p: times[(name, p)] for p in PRECISIONS}})
-    table = "\n".join(lines)
-    print(head)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "precision_throughput.md").write_text(table + "\n")
-        (out / "precision_throughput.json").write_text(json.dumps({"setup": head, "rows": record}, indent=2))
+    report(head, "\n".join(lines), record, args.out, "precision_throughput")
 
 
 if __name__ == "__main__":

@@ -136,14 +136,19 @@ def main() -> None:
                          f"{c['flops_per_token']:,.0f} |")
             record.append({"method": name, "tokens_per_s": args.batch * seq_len / med, "seconds": ar_times[name],
                            "layer_positions_per_sequence": positions, "flops_per_token": c["flops_per_token"]})
-    table = "\n".join(lines)
+    report(head, "\n".join(lines), record, args.out, f"sample_throughput_{args.arch}")
+
+
+def report(head: str, table: str, record: list[dict], out: str | None, stem: str) -> None:
+    """Print a benchmark's setup line and table; with `out`, also write <out>/<stem>.md (the
+    table) and <stem>.json (the setup and the rows)."""
     print(head)
     print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"sample_throughput_{args.arch}.md").write_text(table + "\n")
-        (out / f"sample_throughput_{args.arch}.json").write_text(json.dumps({"setup": head, "rows": record}, indent=2))
+    if out:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{stem}.md").write_text(table + "\n")
+        (folder / f"{stem}.json").write_text(json.dumps({"setup": head, "rows": record}, indent=2))
 
 
 if __name__ == "__main__":

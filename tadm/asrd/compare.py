@@ -134,7 +134,6 @@ def _subset(task: T.TaskSet, n: int) -> T.TaskSet:
 @dataclass
 class Tally:
     accuracies: list[float] = field(default_factory=list)
-    seconds: float = 0.0
     tokens: int = 0
     batches: int = 0
     calls: int = 0
@@ -146,6 +145,11 @@ class Tally:
     sequences: int = 0
     examples: list[str] = field(default_factory=list)
     batch_seconds: list[float] = field(default_factory=list)  # in decoding order (paired across methods)
+
+    @property
+    def seconds(self) -> float:
+        """Decoding seconds of every batch, summed."""
+        return sum(self.batch_seconds)
 
     def row(self) -> dict:
         acc = self.accuracies
@@ -262,7 +266,6 @@ class DiffusionGemmaRunner(_Batches):
 
 
 def _count(tally: Tally, b: dict) -> None:
-    tally.seconds += b["seconds"]
     tally.batch_seconds.append(b["seconds"])
     tally.tokens += b["generated"]
     tally.batches += 1

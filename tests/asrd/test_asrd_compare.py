@@ -61,7 +61,7 @@ class _Runner:
 
     def run(self, backend, task, settings, tally):
         self.decoded.append((task.name, len(task), settings))
-        tally.seconds, tally.tokens, tally.batches, tally.sequences = 1.0, 10, 1, len(task)
+        tally.batch_seconds, tally.tokens, tally.batches, tally.sequences = [1.0], 10, 1, len(task)
         tally.calls, tally.verified, tally.remasked = settings.block_size, 3, 1
         return float(settings.capacity if settings.method == "asrd" else 1)
 

@@ -4,8 +4,9 @@ One setting, the ``runtime`` section of params.yaml, says it for every stage (tr
 sweep, staleness, compute column, scoring, dg_base, dg_posttrain, table1, asrd):
 
     runtime.device     auto (CUDA when present, else CPU) | cpu | cuda | cuda:N
-    runtime.precision  bf16 | fp32: autocast of sampling and scoring, on a GPU and on a CPU that
-                       multiplies bf16 natively (AVX512-BF16 / AMX); other CPUs run fp32
+    runtime.precision  bf16 | fp32: autocast of sampling and scoring on a GPU; on a CPU that
+                       multiplies bf16 natively (AVX512-BF16 / AMX) of sampling only (scorers
+                       pass ``cpu_bf16=False``); other CPUs run fp32
     runtime.tf32       TF32 matmuls / convolutions on Ampere and newer GPUs
     runtime.nproc      processes per node; >1 relaunches a stage under torchrun
     runtime.compile    torch.compile the network that trains
@@ -50,8 +51,11 @@ class Dist:
     def main(self) -> bool:
         return self.rank == 0
 
-    def autocast(self) -> ContextManager:
-        return autocast(self.device, self.precision)
+    def autocast(self, cpu_bf16: bool = True) -> ContextManager:
+        return autocast(self.device, self.precision, cpu_bf16)
+
+    def effective_precision(self, cpu_bf16: bool = True) -> str:
+        return effective_precision(self.device, self.precision, cpu_bf16)
 
 
 def under_torchrun() -> bool:
@@ -104,19 +108,23 @@ def cpu_has_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def effective_precision(device: torch.device, precision: str = "bf16") -> str:
-    """What `precision` means on `device`: "bf16" when asked for on CUDA or on a CPU with native
-    bf16 (:func:`cpu_has_bf16`); otherwise "fp32". Records keep this, not the setting."""
+def effective_precision(device: torch.device, precision: str = "bf16", cpu_bf16: bool = True) -> str:
+    """What `precision` means on `device`: "bf16" when asked for on CUDA, or on a CPU with native
+    bf16 (:func:`cpu_has_bf16`) for a computation that accepts it there (`cpu_bf16`); otherwise
+    "fp32". The scorers pass ``cpu_bf16=False``: on this project's CPU, bf16 evaluator features
+    moved MAUVE(data, data) from 0.921 to 0.896, under the evaluator's 0.9 sanity line, and the
+    small judge costs seconds next to the samplers. Sampling records keep both this and the
+    setting."""
     if precision != "bf16":
         return "fp32"
     kind = torch.device(device).type
-    return "bf16" if kind == "cuda" or (kind == "cpu" and cpu_has_bf16()) else "fp32"
+    return "bf16" if kind == "cuda" or (kind == "cpu" and cpu_bf16 and cpu_has_bf16()) else "fp32"
 
 
-def autocast(device: torch.device, precision: str = "bf16") -> ContextManager:
+def autocast(device: torch.device, precision: str = "bf16", cpu_bf16: bool = True) -> ContextManager:
     """bf16 autocast on `device` when :func:`effective_precision` says so; otherwise nothing
     (fp32). Weights stay fp32 under it; matmuls, attention and their inputs run in bf16."""
-    if effective_precision(device, precision) == "bf16":
+    if effective_precision(device, precision, cpu_bf16) == "bf16":
         return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return nullcontext()
 

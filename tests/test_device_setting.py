@@ -62,6 +62,11 @@ def test_bf16_on_the_cpu_follows_native_support(monkeypatch, native):
     assert runtime.effective_precision(runtime.CPU, "fp32") == "fp32"
     assert runtime.effective_precision(torch.device("cuda", 0), "bf16") == "bf16"
     assert runtime.effective_precision(torch.device("meta"), "bf16") == "fp32"
+    # computations that refuse bf16 on a CPU (the scorers) stay fp32 there, and not on CUDA
+    assert runtime.effective_precision(runtime.CPU, "bf16", cpu_bf16=False) == "fp32"
+    assert runtime.effective_precision(torch.device("cuda", 0), "bf16", cpu_bf16=False) == "bf16"
+    with runtime.autocast(runtime.CPU, "bf16", cpu_bf16=False):
+        assert layer(torch.randn(2, 8)).dtype == torch.float32
 
 
 def test_scorers_run_fp32_on_every_cpu(monkeypatch):

@@ -78,7 +78,7 @@ def batch_seed(seed: int, index: int) -> int:
 def network_autocast(d: runtime.Dist) -> str:
     """The samplers' `autocast` setting on `d`: `runtime.effective_precision` of runtime.precision
     ("bf16" on a GPU or a CPU with native bf16, else "fp32")."""
-    return runtime.effective_precision(d.device, d.precision)
+    return d.effective_precision()
 
 
 def batch_sizes(num_samples: int, batch_size: int) -> list[int]:

@@ -34,7 +34,6 @@ and scores as one process (`tadm.experiments.sampling`, `tadm.metrics.shards`).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -126,18 +125,14 @@ class Scorer:
         return self._dist
 
     def autocast(self):
-        """The scorers' autocast: `runtime.autocast` on a GPU (bf16 with runtime.precision bf16),
-        none on any CPU, even one with native bf16 that the samplers use: there bf16 features
-        moved MAUVE(data, data) from 0.921 to 0.896, under the evaluator's 0.9 sanity line, and
-        the small judge costs seconds next to the samplers."""
-        d = self.dist
-        return contextlib.nullcontext() if d.device.type == runtime.CPU.type else d.autocast()
+        """The scorers' autocast: bf16 on a GPU with runtime.precision bf16, none on any CPU, even
+        one with native bf16 that the samplers use (`runtime.effective_precision`, cpu_bf16)."""
+        return self.dist.autocast(cpu_bf16=False)
 
     @property
     def precision(self) -> str:
         """What :meth:`autocast` runs in: "bf16" or "fp32" (kept in the reference-feature key)."""
-        d = self.dist
-        return "fp32" if d.device.type == runtime.CPU.type else runtime.effective_precision(d.device, d.precision)
+        return self.dist.effective_precision(cpu_bf16=False)
 
     @property
     def dtype(self) -> torch.dtype:

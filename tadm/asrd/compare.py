@@ -364,7 +364,7 @@ def frame(results: dict):
     method in turn, so each batch is a paired comparison)."""
     import pandas as pd
 
-    from tadm.posttrain.table1 import paired_speedup
+    from tadm.metrics.bootstrap import paired_speedup
 
     lines = []
     for g in results["groups"]:

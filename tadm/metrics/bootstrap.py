@@ -54,4 +54,17 @@ def mauve_se(p_features: np.ndarray, q_features: np.ndarray, B: int, seed: int =
     return spread([mauve_score_features(p_features[a], q_features[b]) for a, b in zip(ip, iq)])
 
 
-__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se"]
+def paired_speedup(base_seconds, seconds, B: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """A method's speed-up over a base from paired batch times (the same batches, in the same
+    order, each timed for both within seconds, as Table 1 and the ASRD comparison run them): the
+    median over batches of base seconds / method seconds, and its bootstrap standard error (B
+    resamples of the batches; nan with fewer than 2)."""
+    if len(base_seconds) != len(seconds) or not len(seconds):
+        raise ValueError(f"paired_speedup: {len(base_seconds)} base batch times against {len(seconds)}")
+    ratios = np.asarray(base_seconds, dtype=np.float64) / np.asarray(seconds, dtype=np.float64)
+    if len(ratios) < 2:
+        return float(ratios[0]), float("nan")
+    return float(np.median(ratios)), spread(np.median(ratios[resamples(len(ratios), B, seed)], axis=1))
+
+
+__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se", "paired_speedup"]

@@ -59,6 +59,7 @@ from tadm.config import Params
 from tadm.data import arithmetic, chat
 from tadm.errors import DataError
 from tadm.io import atomic_write_json
+from tadm.metrics.bootstrap import paired_speedup
 from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma, sampling_kwargs
 from tadm.posttrain.data import arithmetic_eval_set, left_pad
@@ -283,23 +284,6 @@ class Runner:
         """Generated canvas positions per prompt (every canvas counted whole)."""
         canvas = self.p.posttrain.canvas_length
         return (-(-task.max_new_tokens // canvas)) * canvas
-
-
-def paired_speedup(base_seconds: list[float], seconds: list[float], B: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """A method's speed-up over the base from paired batch times (the same prompt batches, in
-    the same order, each timed for both within seconds: `Runner.run_seed`): the median over
-    batches of base seconds / method seconds, and its bootstrap standard error (B resamples of
-    the batches; nan with fewer than 2)."""
-    import numpy as np
-
-    if len(base_seconds) != len(seconds) or not seconds:
-        raise ValueError(f"paired_speedup: {len(base_seconds)} base batch times against {len(seconds)}")
-    ratios = np.asarray(base_seconds, dtype=np.float64) / np.asarray(seconds, dtype=np.float64)
-    if len(ratios) < 2:
-        return float(ratios[0]), float("nan")
-    rng = np.random.default_rng(seed)
-    medians = np.median(ratios[rng.integers(0, len(ratios), (B, len(ratios)))], axis=1)
-    return float(np.median(ratios)), float(medians.std(ddof=1))
 
 
 def add_speedups(rows: dict[str, dict], base: str) -> None:

@@ -1,9 +1,12 @@
 """Bootstrap uncertainties of the quality metrics: zero for identical samples, shrinking as
-1/sqrt(n), close to the closed-form standard error of a mean, and deterministic."""
+1/sqrt(n), close to the closed-form standard error of a mean, and deterministic; paired
+speed-ups."""
 
 import numpy as np
+import pytest
 
 from tadm.metrics import bootstrap
+from tadm.metrics.bootstrap import paired_speedup
 
 
 def test_identical_samples_have_no_spread():
@@ -35,3 +38,14 @@ def test_mauve_se_is_small_for_one_distribution_and_deterministic():
     a = bootstrap.mauve_se(p, q, B=8)
     assert a == bootstrap.mauve_se(p, q, B=8)
     assert 0 <= a < 0.2
+
+
+def test_the_speed_up_is_paired_batch_by_batch_so_a_common_slowdown_cancels():
+    # the machine halves its speed between batches: both methods' times grow alike, the ratio holds
+    base, tadm = [1.0, 2.0, 4.0, 8.0], [0.5, 1.0, 2.0, 4.0]
+    assert paired_speedup(base, tadm) == (pytest.approx(2.0), pytest.approx(0.0))
+    ratio, se = paired_speedup([1.0, 1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 1.0, 0.25])
+    assert ratio == pytest.approx(2.0) and 0 < se < 2  # median of 2, 2, 2, 1, 4; spread from the outliers
+    assert paired_speedup([3.0], [1.5]) == (pytest.approx(2.0), pytest.approx(float("nan"), nan_ok=True))
+    with pytest.raises(ValueError, match="3 base batch times against 2"):
+        paired_speedup([1.0, 1.0, 1.0], [1.0, 1.0])

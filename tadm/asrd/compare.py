@@ -360,7 +360,7 @@ def frame(results: dict):
     """One line per (task, model, method). `delta_base_pts`: against the row that is the same
     method without ASRD's mechanisms (NaN where there is none). `speedup_x` (± `speedup_se`):
     against low-confidence remasking, the median over batches of its time / the method's on the
-    same batch (`tadm.posttrain.table1.paired_speedup`; `run` decodes every batch with each
+    same batch (`tadm.metrics.bootstrap.paired_speedup`; `run` decodes every batch with each
     method in turn, so each batch is a paired comparison)."""
     import pandas as pd
 

@@ -99,14 +99,36 @@ def _add_restart(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args) -> None:
+    from tadm import runtime
     from tadm.train.trainer import train
 
     p = _params(args)
-    if _relaunched(p, args, "train", args.run, "--data", args.data):
+    runs = args.runs or list(p.train.models)
+    if len(runs) > 1:  # each run in its own process, runtime.jobs at a time, the longest first
+        from tadm.errors import ConfigError
+
+        unknown = [r for r in runs if r not in p.train.models]
+        if unknown:
+            raise ConfigError("train.models", f"has no run {', '.join(map(repr, unknown))} (it lists {p.train.models})")
+        argv = [sys.executable, "-m", "tadm", "--params", str(args.params), "train"]
+        tail = ["--data", args.data, *(["--restart"] if args.restart else [])]
+        ordered = sorted(runs, key=lambda r: -_train_cost(r, p))
+        seconds = runtime.run_jobs([(r, [*argv, r, *tail]) for r in ordered], p.runtime.jobs)
+        print(json.dumps({"runs": ordered, "jobs": p.runtime.jobs, "seconds": seconds}))
         return
-    summary = train(args.run, p, data_dir=Path(args.data), restart=args.restart)
+    if _relaunched(p, args, "train", runs[0], "--data", args.data):
+        return
+    summary = train(runs[0], p, data_dir=Path(args.data), restart=args.restart)
     if summary:
         print(json.dumps(summary))
+
+
+def _train_cost(run: str, p: config.Params) -> int:
+    """Transformer layers one training step of `run` runs (its cost, to start the longest first)."""
+    from tadm.train.methods import get_method
+
+    two_stage = get_method(run, p).model_type in ("adlm", "tadm")
+    return p.model.anchor_layers + p.model.denoiser_layers if two_stage else p.model.mdlm_layers
 
 
 def cmd_evaluator(args) -> None:
@@ -324,9 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default="metrics/compute_column.json")
     p.set_defaults(func=cmd_compute_column)
 
-    p = sub.add_parser("train", help="train one model of train.models (resumes if interrupted); "
-                       "runtime.nproc > 1 runs it as that many processes (torchrun)")
-    p.add_argument("run", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar")
+    p = sub.add_parser("train", help="train models of train.models (resumes if interrupted): one in this process "
+                       "(runtime.nproc > 1: as that many processes, torchrun), several or none (= all of "
+                       "train.models) as one process each, runtime.jobs at a time")
+    p.add_argument("runs", nargs="*", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar (default: train.models)")
     p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (pack stage output)")
     _add_restart(p)
     p.set_defaults(func=cmd_train)

@@ -9,6 +9,8 @@ sweep, staleness, compute column, scoring, dg_base, dg_posttrain, table1, asrd):
                        pass ``cpu_bf16=False``); other CPUs run fp32
     runtime.tf32       TF32 matmuls / convolutions on Ampere and newer GPUs
     runtime.nproc      processes per node; >1 relaunches a stage under torchrun
+    runtime.jobs       independent runs of the train stage at a time (:func:`run_jobs`), each with
+                       1/jobs of the CPU's threads: small models use two threads poorly
     runtime.compile    torch.compile the network that trains
 
 Every stage calls :func:`setup` once; it resolves the device (under torchrun each process
@@ -24,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -209,5 +212,56 @@ def relaunch(nproc: int, module_argv: Sequence[str]) -> bool:
     return True
 
 
-__all__ = ["Dist", "setup", "resolve_device", "autocast", "synchronize", "host", "shard", "gather", "all_mean",
+def job_threads(jobs: int, cores: int | None = None) -> int:
+    """Intra-op threads for each of `jobs` concurrent processes on `cores` (default: torch's)."""
+    return max(1, (cores or torch.get_num_threads()) // max(1, jobs))
+
+
+def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print, poll: float = 0.5) -> dict[str, float]:
+    """Run independent commands, `jobs` at a time, in the given order; each process gets
+    :func:`job_threads` intra-op threads (OMP_NUM_THREADS / MKL_NUM_THREADS) and prints to this
+    process's stdout / stderr. Returns each command's wall seconds by name.
+
+    Why: at the default profile's sizes one training step uses two cores poorly (1.27x over one),
+    while two runs side by side each keep most of a core (README, "Where the minutes go"). A failed
+    command stops new starts; the running ones finish (their checkpoints stay), then a TadmError
+    names every failure. Interrupted (Ctrl-C), the children get SIGINT too and are waited for."""
+    if jobs < 1:
+        raise ConfigError("runtime.jobs", f"must be >= 1, got {jobs}")
+    env = dict(os.environ)
+    threads = str(job_threads(jobs)) if jobs > 1 else None
+    if threads:
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    queue, running, seconds, failed = list(commands), {}, {}, []
+    try:
+        while queue or running:
+            while queue and len(running) < jobs and not failed:
+                name, argv = queue.pop(0)
+                log(f"[jobs] {name}: started ({len(running) + 1} running{f', {threads} thread(s) each' if threads else ''})")
+                running[name] = (subprocess.Popen(list(argv), env=env), time.perf_counter())
+            if failed:
+                queue.clear()
+            for name, (proc, t0) in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                del running[name]
+                seconds[name] = time.perf_counter() - t0
+                log(f"[jobs] {name}: {'done' if rc == 0 else f'FAILED (exit code {rc})'} after {seconds[name]:.0f} s")
+                if rc != 0:
+                    failed.append(f"{name} (exit code {rc}: `{' '.join(argv_of(proc))}`)")
+            time.sleep(poll if running else 0)
+    finally:
+        for proc, _ in running.values():  # Ctrl-C reached them too; let them save and stop
+            proc.wait()
+    if failed:
+        raise TadmError(f"{len(failed)} job(s) failed: {'; '.join(failed)} (their output is above)")
+    return seconds
+
+
+def argv_of(proc: subprocess.Popen) -> list[str]:
+    return [str(a) for a in proc.args]
+
+
+__all__ = ["Dist", "run_jobs", "job_threads", "setup", "resolve_device", "autocast", "synchronize", "host", "shard", "gather", "all_mean",
            "barrier", "relaunch", "effective_precision", "cpu_has_bf16", "torchrun_argv", "under_torchrun", "configure_backends", "CPU"]

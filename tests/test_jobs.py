@@ -1,0 +1,90 @@
+"""The train stage's job pool (`tadm.runtime.run_jobs`, runtime.jobs): independent runs side by
+side with the CPU's threads split between them, the longest first, and a failure that stops new
+starts, lets the running ones finish and names itself."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tadm import cli, config, runtime
+from tadm.errors import ConfigError, TadmError
+
+SCRIPT = """
+import os, sys, time
+out, seconds, rc = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+start = time.time()
+time.sleep(seconds)
+open(out, "w").write(f"{start} {time.time()} {os.environ.get('OMP_NUM_THREADS')}")
+sys.exit(rc)
+"""
+
+
+def _job(tmp_path: Path, name: str, seconds: float, rc: int = 0) -> tuple[str, list[str]]:
+    return name, [sys.executable, "-c", SCRIPT, str(tmp_path / name), str(seconds), str(rc)]
+
+
+def _record(tmp_path: Path, name: str) -> tuple[float, float, str]:
+    start, end, threads = (tmp_path / name).read_text().split()
+    return float(start), float(end), threads
+
+
+def test_jobs_run_side_by_side_with_the_threads_split(tmp_path):
+    seconds = runtime.run_jobs([_job(tmp_path, n, 1.0) for n in ("a", "b", "c")], jobs=2, log=lambda *_: None)
+    assert set(seconds) == {"a", "b", "c"}
+    a, b, c = (_record(tmp_path, n) for n in "abc")
+    assert a[0] < b[1] and b[0] < a[1]  # a and b overlapped
+    assert c[0] >= min(a[1], b[1]) - 0.05  # c waited for a free slot
+    assert {a[2], b[2], c[2]} == {str(runtime.job_threads(2))}
+
+
+def test_one_job_at_a_time_keeps_the_threads(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    runtime.run_jobs([_job(tmp_path, n, 0.2) for n in ("a", "b")], jobs=1, log=lambda *_: None)
+    a, b = _record(tmp_path, "a"), _record(tmp_path, "b")
+    assert b[0] >= a[1] - 0.05 and a[2] == "None"
+
+
+def test_a_failed_job_stops_new_starts_lets_the_running_finish_and_names_itself(tmp_path):
+    jobs = [_job(tmp_path, "broken", 0.1, rc=3), _job(tmp_path, "slow", 1.5), _job(tmp_path, "never", 0.1)]
+    with pytest.raises(TadmError, match=r"1 job\(s\) failed: broken \(exit code 3"):
+        runtime.run_jobs(jobs, jobs=2, log=lambda *_: None)
+    assert (tmp_path / "slow").is_file()  # finished, not killed: its checkpoints would stay
+    assert not (tmp_path / "never").exists()
+
+
+def test_job_threads_split_the_cores():
+    assert runtime.job_threads(2, cores=2) == 1 and runtime.job_threads(2, cores=8) == 4
+    assert runtime.job_threads(3, cores=2) == 1 and runtime.job_threads(1, cores=2) == 2
+
+
+def test_jobs_with_several_processes_per_run_is_refused():
+    raw = config.render_profile("default")
+    raw["runtime"].update(jobs=2, nproc=2)
+    with pytest.raises(ConfigError, match=r"runtime\.jobs: must be 1 when runtime\.nproc > 1"):
+        config.from_dict(raw)
+
+
+def test_the_longest_runs_start_first():
+    p = config.from_dict(config.render_profile("default"))
+    ordered = sorted(p.train.models, key=lambda r: -cli._train_cost(r, p))
+    assert set(ordered[:3]) == {"adlm", "tadm", "tadm_gamma0"}  # anchor + denoiser layers per step
+    assert ordered == sorted(ordered, key=lambda r: -cli._train_cost(r, p))
+
+
+def test_the_train_stage_lists_every_run_of_the_default_profile():
+    stage = yaml.safe_load((config.ROOT / "dvc.yaml").read_text())["stages"]["train"]
+    outs = [next(iter(o)) if isinstance(o, dict) else o for o in stage["outs"]]
+    runs = config.render_profile("default")["train"]["models"]
+    assert sorted(o.split("/")[1] for o in outs if o.startswith("models/")) == sorted(runs)
+    assert sorted(o.split("/")[1] for o in outs if o.startswith("checkpoints/")) == sorted(runs)
+    assert sorted(next(iter(m)) for m in stage["metrics"]) == sorted(f"metrics/train/{r}.json" for r in runs)
+
+
+def test_a_run_outside_train_models_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "tadm", "train", "mdlm", "gpt5"], capture_output=True, text=True,
+                         cwd=config.ROOT)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "train.models: has no run 'gpt5'" in out.stderr

@@ -103,28 +103,61 @@ def cmd_train(args) -> None:
     from tadm.train.trainer import train
 
     p = _params(args)
-    runs = args.runs or list(p.train.models)
-    if len(runs) > 1:  # each run in its own process, runtime.jobs at a time, the longest first
-        from tadm.errors import ConfigError
-
-        unknown = [r for r in runs if r not in p.train.models]
-        if unknown:
-            raise ConfigError("train.models", f"has no run {', '.join(map(repr, unknown))} (it lists {p.train.models})")
-        argv = [sys.executable, "-m", "tadm", "--params", str(args.params), "train"]
-        tail = ["--data", args.data, *(["--restart"] if args.restart else [])]
-        ordered = sorted(runs, key=lambda r: -_train_cost(r, p))
-        seconds = runtime.run_jobs([(r, [*argv, r, *tail]) for r in ordered], p.runtime.jobs)
-        print(json.dumps({"runs": ordered, "jobs": p.runtime.jobs, "seconds": seconds}))
+    if len(args.runs) == 1:
+        if _relaunched(p, args, "train", args.runs[0], "--data", args.data):
+            return
+        summary = train(args.runs[0], p, data_dir=Path(args.data), restart=args.restart)
+        if summary:
+            print(json.dumps(summary))
         return
-    if _relaunched(p, args, "train", runs[0], "--data", args.data):
-        return
-    summary = train(runs[0], p, data_dir=Path(args.data), restart=args.restart)
-    if summary:
-        print(json.dumps(summary))
+    # several runs, or none (the train stage: every network trained from scratch): one process
+    # each, runtime.jobs at a time, the longest first
+    jobs = sorted(train_jobs(p, args), key=lambda job: -job[2])
+    seconds = runtime.run_jobs([(name, argv) for name, argv, _ in jobs], p.runtime.jobs)
+    record = {"jobs": p.runtime.jobs, "threads_each": runtime.job_threads(p.runtime.jobs) if p.runtime.jobs > 1 else None,
+              "order": [name for name, _, _ in jobs], "seconds": {k: round(v, 1) for k, v in seconds.items()}}
+    if not args.runs:
+        from tadm.io import atomic_write_json
+
+        atomic_write_json(JOBS_RECORD, record)
+    print(json.dumps(record))
 
 
-def _train_cost(run: str, p: config.Params) -> int:
-    """Transformer layers one training step of `run` runs (its cost, to start the longest first)."""
+JOBS_RECORD = Path("metrics/train/jobs.json")
+
+
+def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
+    """(name, command, cost) of each job of `python -m tadm train [runs...]`: the runs asked for, or
+    with none every network the pipeline trains from scratch (train.models, the evaluator, the
+    post-train base, the ASRD model). The cost is a proxy of the training FLOPs (tokens seen x
+    layers x width^2) that orders the jobs longest first."""
+    from tadm.errors import ConfigError
+
+    unknown = [r for r in args.runs if r not in p.train.models]
+    if unknown:
+        raise ConfigError("train.models", f"has no run {', '.join(map(repr, unknown))} (it lists {p.train.models})")
+    tadm = [sys.executable, "-m", "tadm", "--params", str(args.params)]
+    restart = ["--restart"] if args.restart else []
+    m, t = p.model, p.train
+    jobs = [(r, [*tadm, "train", r, "--data", args.data, *restart],
+             t.steps * t.global_batch * p.packing.seq_len * _train_layers(r, p) * m.d_model ** 2)
+            for r in (args.runs or p.train.models)]
+    if args.runs:
+        return jobs
+    e, b, pt, a = p.eval.trained, p.posttrain.base, p.posttrain, p.asrd
+    depth = pt.shared_layers + pt.anchor_layers + pt.denoiser_layers
+    return jobs + [
+        ("evaluator", [*tadm, "evaluator", *restart], e.steps * e.batch_size * p.packing.seq_len * e.n_layers * e.d_model ** 2),
+        # two decoder passes per step (self-conditioning and the trained one) over context + canvas
+        ("dg_base", [*tadm, "dg-base", *restart],
+         2 * b.steps * b.batch_size * (pt.max_context_tokens + pt.canvas_length) * depth * b.hidden_size ** 2),
+        ("asrd_model", [*tadm, "asrd-model", *restart],
+         a.train_steps * a.train_batch * (a.prompt_tokens + a.response_tokens) * m.mdlm_layers * m.d_model ** 2),
+    ]
+
+
+def _train_layers(run: str, p: config.Params) -> int:
+    """Transformer layers one training step of `run` runs."""
     from tadm.train.methods import get_method
 
     two_stage = get_method(run, p).model_type in ("adlm", "tadm")
@@ -346,9 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", default="metrics/compute_column.json")
     p.set_defaults(func=cmd_compute_column)
 
-    p = sub.add_parser("train", help="train models of train.models (resumes if interrupted): one in this process "
-                       "(runtime.nproc > 1: as that many processes, torchrun), several or none (= all of "
-                       "train.models) as one process each, runtime.jobs at a time")
+    p = sub.add_parser("train", help="train models (resumes if interrupted): one run of train.models in this process "
+                       "(runtime.nproc > 1: as that many processes, torchrun); several runs, or none (the train "
+                       "stage: train.models, the evaluator, the post-train base, the ASRD model), as one process "
+                       "each, runtime.jobs at a time")
     p.add_argument("runs", nargs="*", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar (default: train.models)")
     p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (pack stage output)")
     _add_restart(p)

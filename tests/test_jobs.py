@@ -67,20 +67,31 @@ def test_jobs_with_several_processes_per_run_is_refused():
         config.from_dict(raw)
 
 
-def test_the_longest_runs_start_first():
+def test_the_train_stage_runs_every_network_trained_from_scratch_the_longest_first():
+    from argparse import Namespace
+
     p = config.from_dict(config.render_profile("default"))
-    ordered = sorted(p.train.models, key=lambda r: -cli._train_cost(r, p))
-    assert set(ordered[:3]) == {"adlm", "tadm", "tadm_gamma0"}  # anchor + denoiser layers per step
-    assert ordered == sorted(ordered, key=lambda r: -cli._train_cost(r, p))
+    jobs = cli.train_jobs(p, Namespace(runs=[], params="params.yaml", data="data/packed", restart=False))
+    assert [name for name, _, _ in jobs] == [*p.train.models, "evaluator", "dg_base", "asrd_model"]
+    cost = {name: c for name, _, c in jobs}
+    # the order of the last repro's 2-thread times: dg_base 470 s > TADM 246 > ADLM 227 > the
+    # ASRD model 244 (1500 steps) > MDLM-sized runs ~150 > the evaluator 147
+    assert cost["dg_base"] > cost["tadm"] == cost["tadm_gamma0"] == cost["adlm"] > cost["mdlm"] == cost["sedd"] == cost["ar"]
+    assert cost["asrd_model"] > cost["mdlm"] > cost["evaluator"]
+    assert jobs[0][1][:3] == [sys.executable, "-m", "tadm"] and "--restart" not in jobs[0][1]
+    only = cli.train_jobs(p, Namespace(runs=["mdlm", "tadm"], params="params.yaml", data="d", restart=True))
+    assert [name for name, _, _ in only] == ["mdlm", "tadm"] and only[0][1][-4:] == ["mdlm", "--data", "d", "--restart"]
 
 
-def test_the_train_stage_lists_every_run_of_the_default_profile():
+def test_the_train_stage_lists_every_run_of_the_default_profile_and_the_other_networks():
     stage = yaml.safe_load((config.ROOT / "dvc.yaml").read_text())["stages"]["train"]
     outs = [next(iter(o)) if isinstance(o, dict) else o for o in stage["outs"]]
     runs = config.render_profile("default")["train"]["models"]
-    assert sorted(o.split("/")[1] for o in outs if o.startswith("models/")) == sorted(runs)
-    assert sorted(o.split("/")[1] for o in outs if o.startswith("checkpoints/")) == sorted(runs)
-    assert sorted(next(iter(m)) for m in stage["metrics"]) == sorted(f"metrics/train/{r}.json" for r in runs)
+    others = {"evaluator", "dg_base", "asrd_mdlm"}
+    assert sorted(o.split("/")[1] for o in outs if o.startswith("models/")) == sorted([*runs, *others])
+    assert sorted(o.split("/")[1] for o in outs if o.startswith("checkpoints/")) == sorted([*runs, *others])
+    assert {f"metrics/train/{r}.json" for r in runs} <= {next(iter(m)) for m in stage["metrics"]}
+    assert "data/asrd" in outs and "metrics/train/jobs.json" in outs
 
 
 def test_a_run_outside_train_models_is_one_line():

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 
 RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
-TRAIN_STAGES = DATA_STAGES + ("train", "evaluator")
+TRAIN_STAGES = DATA_STAGES + ("train",)
 ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm")
-POSTTRAIN_STAGES = ("dg_base", "dg_posttrain", "dg_posttrain_fresh", "asrd_model")
+POSTTRAIN_STAGES = ("dg_posttrain", "dg_posttrain_fresh")
 STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
           + POSTTRAIN_STAGES + ("table1", "asrd", "claims", "stage_times"))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",

@@ -14,10 +14,11 @@ Workloads (the trained models under --models, as the pipeline's stages run them)
 - DG base train step: one step of the post-train base's loss (`base_loss`, 32 SFT canvases);
 - DG forward: one no-grad forward of the post-train base on 16 canvases (Table 1, ASRD).
 
-Then the train stage's two ways of spending the cores (`runtime.jobs`): MDLM and TADM training
-runs of --pair-steps steps each, one after the other with all threads, against side by side with
-1/jobs of the threads each (two processes, `tadm.runtime.run_jobs`); alternated over rounds,
-start-up included.
+Then the train stage's two ways of spending the cores (`runtime.jobs`): two training runs of
+--pair-steps steps each (--pair: TADM-dagger and TADM-double-dagger, two of the stage's longest runs,
+by default), one after the other with all threads, against side by side with 1/jobs of the threads
+each (two processes, `tadm.runtime.run_jobs`); alternated over rounds, start-up included. Two
+runs of unequal length gain less: the shorter one's core idles once it ends.
 
     python benchmarks/threads.py --out benchmarks/results
 """
@@ -132,8 +133,8 @@ def bare_steps(run: str, steps: int, params: str) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def pair_rounds(params: str, steps: int, rounds: int, jobs: int) -> list[dict]:
-    """Wall seconds of the MDLM + TADM runs one after the other vs side by side, per round."""
+def pair_rounds(params: str, steps: int, rounds: int, jobs: int, pair: list[str]) -> list[dict]:
+    """Wall seconds of the `pair` of runs one after the other vs side by side, per round."""
     def argv(run):
         return [sys.executable, __file__, "--params", params, "--bare", run, str(steps)]
 
@@ -142,7 +143,7 @@ def pair_rounds(params: str, steps: int, rounds: int, jobs: int) -> list[dict]:
         times = {}
         for way in (("serial", "side by side") if rnd % 2 == 0 else ("side by side", "serial")):
             t0 = time.perf_counter()
-            runtime.run_jobs([(r, argv(r)) for r in ("tadm", "mdlm")], jobs if way == "side by side" else 1,
+            runtime.run_jobs([(r, argv(r)) for r in pair], jobs if way == "side by side" else 1,
                              log=lambda *_: None)
             times[way] = time.perf_counter() - t0
         out.append(times)
@@ -152,6 +153,7 @@ def pair_rounds(params: str, steps: int, rounds: int, jobs: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bare", nargs=2, metavar=("RUN", "STEPS"), help=argparse.SUPPRESS)
+    ap.add_argument("--pair", nargs=2, default=["tadm", "tadm_gamma0"])
     ap.add_argument("--pair-steps", type=int, default=100)
     ap.add_argument("--pair-rounds", type=int, default=2)
     ap.add_argument("--params", default=str(config.PARAMS_FILE))
@@ -190,14 +192,15 @@ def main() -> None:
         lines.append(f"| {name} | {row['one']:.3f} | {row['all']:.3f} | {row['ratio']:.2f} "
                      f"[{row['ratio_min']:.2f}-{row['ratio_max']:.2f}] |")
     jobs = max(2, p.runtime.jobs)
-    pairs = pair_rounds(args.params, args.pair_steps, args.pair_rounds, jobs)
+    pairs = pair_rounds(args.params, args.pair_steps, args.pair_rounds, jobs, args.pair)
     ratios = [r["serial"] / r["side by side"] for r in pairs]
-    lines += ["", f"| MDLM + TADM training, {args.pair_steps} steps each | one after the other, {full} threads (s) | "
+    lines += ["", f"| {' + '.join(args.pair)} training, {args.pair_steps} steps each | one after the other, {full} threads (s) | "
               f"side by side, {runtime.job_threads(jobs, full)} thread(s) each (s) | speed-up of side by side |",
               "|---|---|---|---|"]
     lines += [f"| round {i + 1} | {r['serial']:.1f} | {r['side by side']:.1f} | {r['serial'] / r['side by side']:.2f}x |"
               for i, r in enumerate(pairs)]
-    rows.append({"workload": "pair", "rounds": pairs, "speedup_median": statistics.median(ratios)})
+    rows.append({"workload": "pair", "runs": args.pair, "steps": args.pair_steps, "rounds": pairs,
+                 "speedup_median": statistics.median(ratios)})
     head = (f"# {platform.processor() or platform.machine()}, {full} threads available, torch {torch.__version__}; "
             f"median of {args.rounds} rounds, 1 and {full} threads in alternating order")
     report(head, "\n".join(lines), rows, args.out, "threads")

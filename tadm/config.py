@@ -366,7 +366,7 @@ class RuntimeConfig:
     precision: Literal["bf16", "fp32"] = "bf16"  # autocast of sampling (GPU; CPU with native bf16) and scoring (GPU)
     tf32: bool = True  # TF32 matmuls on Ampere and newer GPUs
     nproc: int = spec(1, ge=1)  # processes per node: > 1 runs train / sampling / scoring under torchrun
-    jobs: int = spec(1, ge=1)  # runs of the train stage side by side, each with 1/jobs of the CPU threads
+    jobs: int = spec(1, ge=1)  # jobs of the train stage side by side, each with 1/jobs of the CPU threads
     compile: bool = False  # torch.compile the network that trains
 
 
@@ -576,9 +576,6 @@ class _CROSS_CHECKS:
 
         if not re.match(r"^(auto|cpu|cuda|cuda:\d+)$", c.device):
             raise ConfigError(f"{p}.device", f"must be auto, cpu, cuda or cuda:N, got {c.device!r}", src)
-        if c.jobs > 1 and c.nproc > 1:
-            raise ConfigError(f"{p}.jobs", f"must be 1 when runtime.nproc > 1 (each run already spans {c.nproc} "
-                              f"processes), got {c.jobs}", src)
 
     @staticmethod
     def TokenizerConfig(c: TokenizerConfig, p: str, src: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tadm import cli, config, runtime
-from tadm.errors import ConfigError, TadmError
+from tadm.errors import TadmError
 
 SCRIPT = """
 import os, sys, time
@@ -58,13 +58,6 @@ def test_a_failed_job_stops_new_starts_lets_the_running_finish_and_names_itself(
 def test_job_threads_split_the_cores():
     assert runtime.job_threads(2, cores=2) == 1 and runtime.job_threads(2, cores=8) == 4
     assert runtime.job_threads(3, cores=2) == 1 and runtime.job_threads(1, cores=2) == 2
-
-
-def test_jobs_with_several_processes_per_run_is_refused():
-    raw = config.render_profile("default")
-    raw["runtime"].update(jobs=2, nproc=2)
-    with pytest.raises(ConfigError, match=r"runtime\.jobs: must be 1 when runtime\.nproc > 1"):
-        config.from_dict(raw)
 
 
 def test_the_train_stage_runs_every_network_trained_from_scratch_the_longest_first():

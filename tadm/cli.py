@@ -136,6 +136,10 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
     unknown = [r for r in args.runs if r not in p.train.models]
     if unknown:
         raise ConfigError("train.models", f"has no run {', '.join(map(repr, unknown))} (it lists {p.train.models})")
+    twice = sorted({r for r in args.runs if args.runs.count(r) > 1})
+    if twice:
+        raise TadmError(f"python -m tadm train: run {', '.join(map(repr, twice))} named more than once "
+                        "(two jobs would train one checkpoint directory)")
     tadm = [sys.executable, "-m", "tadm", "--params", str(args.params)]
     restart = ["--restart"] if args.restart else []
     m, t = p.model, p.train

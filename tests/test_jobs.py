@@ -92,3 +92,10 @@ def test_a_run_outside_train_models_is_one_line():
                          cwd=config.ROOT)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "train.models: has no run 'gpt5'" in out.stderr
+
+
+def test_a_run_named_twice_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "tadm", "train", "mdlm", "mdlm"], capture_output=True, text=True,
+                         cwd=config.ROOT)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "run 'mdlm' named more than once" in out.stderr

@@ -40,6 +40,7 @@ from tadm.sampling import SamplerSettings, make_adapter, sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere
 from sample_throughput import report  # noqa: E402
+from train_throughput import train_step  # noqa: E402
 
 
 def compute_column_run(steps: int):
@@ -61,10 +62,7 @@ def mdlm_train_step(models: Path, p):
     x = torch.randint(0, model.vocab_size, (p.train.micro_batch, model.seq_len), generator=torch.Generator().manual_seed(0))
 
     def run():
-        loss = method.loss(model, x, torch.Generator().manual_seed(1)).sum() / x.numel()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(method, model, opt, x, 1)
     return run
 
 
@@ -127,10 +125,7 @@ def bare_steps(run: str, steps: int, params: str) -> None:
     x = torch.randint(0, p.tokenizer.vocab_size, (p.train.micro_batch, p.packing.seq_len),
                       generator=torch.Generator().manual_seed(0))
     for i in range(steps):
-        loss = method.loss(model, x, torch.Generator().manual_seed(i)).sum() / x.numel()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(method, model, opt, x, i)
 
 
 def pair_rounds(params: str, steps: int, rounds: int, jobs: int, pair: list[str]) -> list[dict]:

@@ -132,6 +132,7 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
     post-train base, the ASRD model). The cost is a proxy of the training FLOPs (tokens seen x
     layers x width^2) that orders the jobs longest first."""
     from tadm.errors import ConfigError
+    from tadm.memory_estimate import layers
 
     unknown = [r for r in args.runs if r not in p.train.models]
     if unknown:
@@ -144,7 +145,7 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
     restart = ["--restart"] if args.restart else []
     m, t = p.model, p.train
     jobs = [(r, [*tadm, "train", r, "--data", args.data, *restart],
-             t.steps * t.global_batch * p.packing.seq_len * _train_layers(r, p) * m.d_model ** 2)
+             t.steps * t.global_batch * p.packing.seq_len * layers(r, m) * m.d_model ** 2)
             for r in (args.runs or p.train.models)]
     if args.runs:
         return jobs
@@ -158,14 +159,6 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
         ("asrd_model", [*tadm, "asrd-model", *restart],
          a.train_steps * a.train_batch * (a.prompt_tokens + a.response_tokens) * m.mdlm_layers * m.d_model ** 2),
     ]
-
-
-def _train_layers(run: str, p: config.Params) -> int:
-    """Transformer layers one training step of `run` runs."""
-    from tadm.train.methods import get_method
-
-    two_stage = get_method(run, p).model_type in ("adlm", "tadm")
-    return p.model.anchor_layers + p.model.denoiser_layers if two_stage else p.model.mdlm_layers
 
 
 def cmd_evaluator(args) -> None:

@@ -113,8 +113,8 @@ def cmd_train(args) -> None:
     # several runs, or none (the train stage: every network trained from scratch): one process
     # each, runtime.jobs at a time, the longest first
     jobs = sorted(train_jobs(p, args), key=lambda job: -job[2])
-    seconds = runtime.run_jobs([(name, argv) for name, argv, _ in jobs], p.runtime.jobs)
-    record = {"jobs": p.runtime.jobs, "threads_each": runtime.job_threads(p.runtime.jobs) if p.runtime.jobs > 1 else None,
+    seconds = runtime.run_jobs([(name, argv) for name, argv, _ in jobs], p.runtime.jobs, after=TRAIN_AFTER)
+    record = {"jobs": p.runtime.jobs, "threads_each": runtime.threads_per_job(p.runtime.jobs),
               "order": [name for name, _, _ in jobs], "seconds": {k: round(v, 1) for k, v in seconds.items()}}
     if not args.runs:
         from tadm.io import atomic_write_json
@@ -126,11 +126,17 @@ def cmd_train(args) -> None:
 JOBS_RECORD = Path("metrics/train/jobs.json")
 
 
+# jobs of the train stage that start only once others have finished: TADM:Post-train's fusion and
+# its fresh-anchor control train on the frozen post-train base
+TRAIN_AFTER = {"dg_posttrain": ("dg_base",), "dg_posttrain_fresh": ("dg_base",)}
+
+
 def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
     """(name, command, cost) of each job of `python -m tadm train [runs...]`: the runs asked for, or
-    with none every network the pipeline trains from scratch (train.models, the evaluator, the
-    post-train base, the ASRD model). The cost is a proxy of the training FLOPs (tokens seen x
-    layers x width^2) that orders the jobs longest first."""
+    with none every network the pipeline trains (train.models, the evaluator, the post-train base,
+    TADM:Post-train's fusion and its fresh-anchor control (after the base, TRAIN_AFTER), the ASRD
+    model). The cost is a proxy of the training FLOPs (tokens seen x layers x width^2) that orders
+    the jobs longest first."""
     from tadm.errors import ConfigError
     from tadm.memory_estimate import layers
 
@@ -158,6 +164,10 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
          2 * b.steps * b.batch_size * (pt.max_context_tokens + pt.canvas_length) * depth * b.hidden_size ** 2),
         ("asrd_model", [*tadm, "asrd-model", *restart],
          a.train_steps * a.train_batch * (a.prompt_tokens + a.response_tokens) * m.mdlm_layers * m.d_model ** 2),
+        # a rollout (the frozen base over the canvas) and the trained pass per step
+        *((name, [*tadm, "dg-posttrain", *fresh, *restart],
+           2 * pt.steps * pt.batch_size * (pt.max_context_tokens + pt.canvas_length) * depth * b.hidden_size ** 2)
+          for name, fresh in (("dg_posttrain", []), ("dg_posttrain_fresh", ["--fresh-anchor"]))),
     ]
 
 
@@ -252,10 +262,15 @@ def cmd_compute_column(args) -> None:
     import csv
     import io
 
+    import torch
+
     from tadm.errors import DataError
     from tadm.io import atomic_write_json, atomic_write_text
     from tadm.sampling.accounting import PAPER_REFRESH_SCHEDULE, compute_column, to_markdown
 
+    # tiny models (width 32, one sequence): the count is per-call overhead, which one thread runs
+    # 1.23x faster than two (benchmarks/results/threads.md)
+    torch.set_num_threads(1)
     steps = args.steps or _params(args).sample.compute_column_steps
     unknown = [T for T in steps if T not in PAPER_REFRESH_SCHEDULE]
     if unknown:

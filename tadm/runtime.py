@@ -217,39 +217,63 @@ def job_threads(jobs: int, cores: int | None = None) -> int:
     return max(1, (cores or torch.get_num_threads()) // max(1, jobs))
 
 
-def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print, poll: float = 0.5) -> dict[str, float]:
-    """Run independent commands, `jobs` at a time, in the given order; each process gets
-    :func:`job_threads` intra-op threads (OMP_NUM_THREADS / MKL_NUM_THREADS) and prints to this
-    process's stdout / stderr. Returns each command's wall seconds by name.
+def threads_per_job(jobs: int) -> int | None:
+    """The OMP_NUM_THREADS :func:`run_jobs` gives each of `jobs` processes: :func:`job_threads`,
+    or None (the inherited setting) when they run one at a time."""
+    return job_threads(jobs) if jobs > 1 else None
 
-    Why: at the default profile's sizes one training step uses two cores poorly (1.27x over one),
-    while two runs side by side each keep most of a core (README, "Where the minutes go"). A failed
-    command stops new starts; the running ones finish (their checkpoints stay), then a TadmError
-    names every failure. Interrupted (Ctrl-C), the children get SIGINT too and are waited for."""
+
+def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print, poll: float = 0.5,
+             after: dict[str, Sequence[str]] | None = None) -> dict[str, float]:
+    """Run independent commands, `jobs` at a time, in the given order; each process gets
+    :func:`threads_per_job` intra-op threads (OMP_NUM_THREADS / MKL_NUM_THREADS) and prints to this
+    process's stdout / stderr. `after` maps a command's name to the names that must finish first
+    (the first ready command in the order starts when a slot frees). Returns each command's wall
+    seconds by name.
+
+    Why: at the default profile's sizes one training step uses two cores poorly (1.45x over one),
+    while two runs side by side finish 1.30x sooner (README, "Two training jobs side by side";
+    benchmarks/results/threads.md). A failed command stops new starts; the running ones finish
+    (their checkpoints stay), then a TadmError names every failure. Interrupted (Ctrl-C), the
+    children get SIGINT too and are waited for."""
     if jobs < 1:
         raise ConfigError("runtime.jobs", f"must be >= 1, got {jobs}")
+    after = {name: set(names) for name, names in (after or {}).items()}
+    names = [name for name, _ in commands]
+    unknown = sorted(set().union(*after.values()) - set(names)) if after else []
+    if unknown:
+        raise TadmError(f"run_jobs: after names {unknown}, which no command is called")
     env = dict(os.environ)
-    threads = str(job_threads(jobs)) if jobs > 1 else None
+    threads = threads_per_job(jobs)
     if threads:
-        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     queue, running, seconds, failed = list(commands), {}, {}, []
+
+    def ready() -> tuple[str, Sequence[str]] | None:
+        return next((job for job in queue if after.get(job[0], set()) <= seconds.keys()), None)
+
     try:
         while queue or running:
-            while queue and len(running) < jobs and not failed:
-                name, argv = queue.pop(0)
+            while len(running) < jobs and not failed and (job := ready()) is not None:
+                queue.remove(job)
+                name, argv = job
                 log(f"[jobs] {name}: started ({len(running) + 1} running{f', {threads} thread(s) each' if threads else ''})")
                 running[name] = (subprocess.Popen(list(argv), env=env), time.perf_counter())
             if failed:
                 queue.clear()
+            if queue and not running and ready() is None:  # a cycle in `after`
+                raise TadmError(f"run_jobs: {[name for name, _ in queue]} wait for each other (after: {after})")
             for name, (proc, t0) in list(running.items()):
                 rc = proc.poll()
                 if rc is None:
                     continue
                 del running[name]
-                seconds[name] = time.perf_counter() - t0
-                log(f"[jobs] {name}: {'done' if rc == 0 else f'FAILED (exit code {rc})'} after {seconds[name]:.0f} s")
-                if rc != 0:
-                    failed.append(f"{name} (exit code {rc}: `{' '.join(argv_of(proc))}`)")
+                log(f"[jobs] {name}: {'done' if rc == 0 else f'FAILED (exit code {rc})'} after "
+                    f"{time.perf_counter() - t0:.0f} s")
+                if rc == 0:
+                    seconds[name] = time.perf_counter() - t0
+                else:
+                    failed.append(f"{name} (exit code {rc}: `{' '.join(_argv_of(proc))}`)")
             time.sleep(poll if running else 0)
     finally:
         for proc, _ in running.values():  # Ctrl-C reached them too; let them save and stop
@@ -259,9 +283,9 @@ def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print
     return seconds
 
 
-def argv_of(proc: subprocess.Popen) -> list[str]:
+def _argv_of(proc: subprocess.Popen) -> list[str]:
     return [str(a) for a in proc.args]
 
 
-__all__ = ["Dist", "run_jobs", "job_threads", "setup", "resolve_device", "autocast", "synchronize", "host", "shard", "gather", "all_mean",
+__all__ = ["Dist", "run_jobs", "job_threads", "threads_per_job", "setup", "resolve_device", "autocast", "synchronize", "host", "shard", "gather", "all_mean",
            "barrier", "relaunch", "effective_precision", "cpu_has_bf16", "torchrun_argv", "under_torchrun", "configure_backends", "CPU"]

@@ -58,19 +58,46 @@ def test_a_failed_job_stops_new_starts_lets_the_running_finish_and_names_itself(
 def test_job_threads_split_the_cores():
     assert runtime.job_threads(2, cores=2) == 1 and runtime.job_threads(2, cores=8) == 4
     assert runtime.job_threads(3, cores=2) == 1 and runtime.job_threads(1, cores=2) == 2
+    # what run_jobs sets and the train stage records: the inherited setting for one job at a time
+    assert runtime.threads_per_job(1) is None and runtime.threads_per_job(2) == runtime.job_threads(2)
 
 
-def test_the_train_stage_runs_every_network_trained_from_scratch_the_longest_first():
+def test_a_job_after_another_waits_for_it_and_the_free_slot_goes_to_the_next_ready(tmp_path):
+    jobs = [_job(tmp_path, "base", 0.6), _job(tmp_path, "fusion", 0.2), _job(tmp_path, "other", 0.2)]
+    runtime.run_jobs(jobs, jobs=2, log=lambda *_: None, after={"fusion": ["base"]})
+    base, fusion, other = (_record(tmp_path, n) for n in ("base", "fusion", "other"))
+    assert other[0] < base[1]  # "fusion" was not ready, so "other" took the second slot
+    assert fusion[0] >= base[1] - 0.05
+
+
+def test_a_job_whose_prerequisite_failed_never_starts_and_unknown_names_are_errors(tmp_path):
+    with pytest.raises(TadmError, match=r"1 job\(s\) failed: base"):
+        runtime.run_jobs([_job(tmp_path, "base", 0.1, rc=1), _job(tmp_path, "fusion", 0.1)], jobs=2,
+                         log=lambda *_: None, after={"fusion": ["base"]})
+    assert not (tmp_path / "fusion").exists()
+    with pytest.raises(TadmError, match="after names \\['nowhere'\\]"):
+        runtime.run_jobs([_job(tmp_path, "a", 0.1)], jobs=1, log=lambda *_: None, after={"a": ["nowhere"]})
+    with pytest.raises(TadmError, match="wait for each other"):
+        runtime.run_jobs([_job(tmp_path, "a", 0.1), _job(tmp_path, "b", 0.1)], jobs=2, log=lambda *_: None,
+                         after={"a": ["b"], "b": ["a"]})
+
+
+def test_the_train_stage_runs_every_network_the_longest_first():
     from argparse import Namespace
 
     p = config.from_dict(config.render_profile("default"))
     jobs = cli.train_jobs(p, Namespace(runs=[], params="params.yaml", data="data/packed", restart=False))
-    assert [name for name, _, _ in jobs] == [*p.train.models, "evaluator", "dg_base", "asrd_model"]
+    assert [name for name, _, _ in jobs] == [*p.train.models, "evaluator", "dg_base", "asrd_model", "dg_posttrain",
+                                             "dg_posttrain_fresh"]
+    assert jobs[-1][1][-2:] == ["dg-posttrain", "--fresh-anchor"] and "--fresh-anchor" not in jobs[-2][1]
+    assert set(cli.TRAIN_AFTER) == {"dg_posttrain", "dg_posttrain_fresh"}  # on the frozen base
+    assert all(after == ("dg_base",) for after in cli.TRAIN_AFTER.values())
     cost = {name: c for name, _, c in jobs}
     # the order of the last repro's 2-thread times: dg_base 470 s > TADM 246 > ADLM 227 > the
     # ASRD model 244 (1500 steps) > MDLM-sized runs ~150 > the evaluator 147
     assert cost["dg_base"] > cost["tadm"] == cost["tadm_gamma0"] == cost["adlm"] > cost["mdlm"] == cost["sedd"] == cost["ar"]
     assert cost["asrd_model"] > cost["mdlm"] > cost["evaluator"]
+    assert cost["dg_posttrain"] == cost["dg_posttrain_fresh"] < cost["dg_base"]
     assert jobs[0][1][:3] == [sys.executable, "-m", "tadm"] and "--restart" not in jobs[0][1]
     only = cli.train_jobs(p, Namespace(runs=["mdlm", "tadm"], params="params.yaml", data="d", restart=True))
     assert [name for name, _, _ in only] == ["mdlm", "tadm"] and only[0][1][-4:] == ["mdlm", "--data", "d", "--restart"]
@@ -81,8 +108,9 @@ def test_the_train_stage_lists_every_run_of_the_default_profile_and_the_other_ne
     outs = [next(iter(o)) if isinstance(o, dict) else o for o in stage["outs"]]
     runs = config.render_profile("default")["train"]["models"]
     others = {"evaluator", "dg_base", "asrd_mdlm"}
-    assert sorted(o.split("/")[1] for o in outs if o.startswith("models/")) == sorted([*runs, *others])
-    assert sorted(o.split("/")[1] for o in outs if o.startswith("checkpoints/")) == sorted([*runs, *others])
+    assert sorted(o.split("/")[1] for o in outs if o.startswith("models/")) == sorted([*runs, *others, "dg_tadm", "dg_fresh"])
+    assert sorted(o.split("/")[1] for o in outs if o.startswith("checkpoints/")) == \
+        sorted([*runs, *others, "dg_posttrain", "dg_posttrain_fresh"])
     assert {f"metrics/train/{r}.json" for r in runs} <= {next(iter(m)) for m in stage["metrics"]}
     assert "data/asrd" in outs and "metrics/train/jobs.json" in outs
 

@@ -23,9 +23,8 @@ RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
 TRAIN_STAGES = DATA_STAGES + ("train",)
 ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm")
-POSTTRAIN_STAGES = ("dg_posttrain", "dg_posttrain_fresh")
 STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
-          + POSTTRAIN_STAGES + ("table1", "asrd", "claims", "stage_times"))
+          + ("table1", "asrd", "claims", "stage_times"))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
            "table1.md", "table1.csv", "asrd.md", "asrd.csv", "asrd_sweeps.md", "asrd_sweeps.csv", "claims.md", "claims.csv", "stage_times.md")
@@ -221,8 +220,8 @@ def test_from_scratch_twice_gives_identical_bytes(repo):
     first = tree_hashes(repo, stable)
     assert len(first) >= 20
     wipe(repo)
-    log = dvc("repro", "--no-run-cache", *TRAIN_STAGES, *POSTTRAIN_STAGES, cwd=repo)
-    for stage in TRAIN_STAGES + POSTTRAIN_STAGES:
+    log = dvc("repro", "--no-run-cache", *TRAIN_STAGES, cwd=repo)
+    for stage in TRAIN_STAGES:
         assert f"Running stage '{stage}'" in log, log
     assert tree_hashes(repo, stable) == first
 

@@ -216,7 +216,7 @@ class MaskedRunner(_Batches):
         self.layout = T.Layout(tokenizer, p.asrd.prompt_tokens, p.asrd.response_tokens)
         if self.model.seq_len != self.layout.length:
             raise DataError(f"{root / MODEL_DIR} was trained on length {self.model.seq_len}, asrd.prompt_tokens + "
-                            f"asrd.response_tokens is {self.layout.length}: rerun the asrd_model stage")
+                            f"asrd.response_tokens is {self.layout.length}: retrain it (python -m tadm asrd-model --restart)")
         self.batch = p.asrd.batch_size
 
     def backend(self, refresh_every: int) -> Backend:

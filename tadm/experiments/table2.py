@@ -136,9 +136,8 @@ class Scorer:
 
     @property
     def dtype(self) -> torch.dtype:
-        """bf16 weights on a GPU when runtime.precision is bf16, fp32 otherwise (the CPU)."""
-        d = self.dist
-        return torch.bfloat16 if d.precision == "bf16" and d.device.type != runtime.CPU.type else torch.float32
+        """The scorers' weights: bf16 where :meth:`autocast` runs in bf16 (a GPU), fp32 otherwise."""
+        return torch.bfloat16 if self.precision == "bf16" else torch.float32
 
     @property
     def evaluator(self):

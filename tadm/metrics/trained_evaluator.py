@@ -65,7 +65,7 @@ def resolve(name: str) -> str:
     if name == TRAINED:
         if not (MODEL_DIR / "config.json").is_file():
             raise DataError(f"eval evaluator 'trained': {MODEL_DIR} has no model; run the evaluator stage first "
-                            "(dvc repro evaluator)")
+                            "(dvc repro train, or alone: python -m tadm evaluator)")
         return str(MODEL_DIR)
     return name
 

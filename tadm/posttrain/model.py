@@ -70,7 +70,7 @@ def load_base(source: str | Path, precision: str = "fp32", device: str | torch.d
 
     local = Path(source).expanduser()
     if (str(source).startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
-        raise DataError(f"{local}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro dg_base)")
+        raise DataError(f"{local}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro train, or alone: python -m tadm dg-base)")
     device = torch.device(device)
     if local.exists():  # bound config.json against the weights' header before building
         from tadm.weights_header import check_hf_directory
@@ -109,7 +109,7 @@ def load_fusion(tadm: TimeAnchoredDiffusionGemma, fusion_dir: Path) -> dict:
     fusion_dir = Path(fusion_dir)
     record_path, weights_path = fusion_dir / "fusion.json", fusion_dir / "fusion.safetensors"
     if not record_path.is_file() or not weights_path.is_file():
-        raise DataError(f"{fusion_dir}: fusion.json / fusion.safetensors missing (run dvc repro dg_posttrain)")
+        raise DataError(f"{fusion_dir}: fusion.json / fusion.safetensors missing (run dvc repro train, or alone: python -m tadm dg-posttrain)")
     record = json.loads(record_path.read_text())
     have = {"hidden_size": tadm.fusion.hidden_size, "rank": tadm.fusion.rank, "split": list(tadm.split.split),
             "values": tadm.fusion.values}

@@ -179,6 +179,53 @@ def test_flop_count_includes_cpu_attention():
     assert count_flops(lambda: q @ w) == 2 * 2 * 4 * 16 * 32 * 8
 
 
+def test_flop_count_includes_the_experts_grouped_matmul():
+    """torch._grouped_mm (DiffusionGemma's MoE experts): only the rows up to offs[-1] take part."""
+    from tadm.posttrain.table1 import count_flops
+
+    a, b = torch.randn(10, 8), torch.randn(3, 8, 12)  # strides: multiples of 16 bytes
+    offs = torch.tensor([2, 6, 9], dtype=torch.int32)  # the 10th row belongs to no group
+    assert count_flops(lambda: torch._grouped_mm(a, b, offs=offs)) == 2 * 9 * 8 * 12
+    assert count_flops(lambda: torch._grouped_mm(torch.randn(3, 4, 8), b)) == 2 * 3 * 4 * 8 * 12
+
+
+def test_flop_count_is_torch_counter_plus_the_experts(tiny_base):
+    """FlopCount on a whole generate: torch's FlopCounterMode (same formulas, with its module
+    tracking and decompositions) plus the experts' grouped matmuls, which torch does not count:
+    2 matmuls (gate_up, down) of top_k rows per token, per decoder call."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tadm.posttrain.table1 import _cpu_attention_flops, _grouped_mm_flops, count_flops
+
+    ids, kw = prompts(), gen_kwargs()
+    torch.manual_seed(0)
+    ours = count_flops(lambda: tiny_base.generate(ids, **kw))
+    torch.manual_seed(0)
+    experts = count_flops_of_grouped_mm(lambda: tiny_base.generate(ids, **kw), _grouped_mm_flops)
+    torch.manual_seed(0)
+    cpu_sdpa = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops}
+    with FlopCounterMode(display=False, custom_mapping=cpu_sdpa) as torch_counter:
+        tiny_base.generate(ids, **kw)
+    assert experts > 0
+    assert ours == torch_counter.get_total_flops() + experts
+
+
+def count_flops_of_grouped_mm(fn, formula) -> int:
+    """The grouped matmuls' FLOPs alone, summed from their calls (a patch of torch._grouped_mm)."""
+    total, inner = [0], torch._grouped_mm
+
+    def counted(a, b, offs=None, *args, **kwargs):
+        total[0] += formula(a, b, offs)
+        return inner(a, b, offs, *args, **kwargs)
+
+    torch._grouped_mm = counted
+    try:
+        fn()
+    finally:
+        torch._grouped_mm = inner
+    return total[0]
+
+
 def test_flop_bound_of_reuse_is_below_the_base(tiny_base):
     """Counted over whole generate calls: K = 2 costs less than the base, K = 1 the same."""
     from tadm.posttrain.table1 import count_flops

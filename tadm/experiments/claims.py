@@ -22,9 +22,9 @@ Verdicts (no verdict is typed by hand; `verdict` computes each from the numbers)
     not run at this profile   an input the claim needs was not produced by this profile
 
 Uncertainties are bootstrap standard deviations (`tadm.metrics.bootstrap`) for sample
-metrics, the spread over sampling batches for throughput, the standard deviation over seeds
-for Table 1 accuracy, and standard errors over trajectory steps for staleness; differences
-combine them in quadrature.
+metrics, the spread over sampling batches for throughput, the paired bootstrap over examples
+for Table 1's accuracy differences, and standard errors over trajectory steps for staleness;
+differences combine them in quadrature.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from tadm.config import Params
 from tadm.io import atomic_write_text
+from tadm.metrics.bootstrap import paired_accuracy_delta
 
 REPRODUCED, SAME, NOT, NOT_RUN = "reproduced", "same direction", "not reproduced", "not run at this profile"
 
@@ -357,8 +358,8 @@ def _table1_claims(inp: Inputs) -> list[Claim]:
     acc = Claim("posttrain_accuracy", "TADM:Post-train preserves the base's task accuracy (within noise)",
                 "Δ 0.00 to -1.2 pts",
                 test="accuracy(TADM, K = max) - accuracy(control) >= -2 se (control: the same recipe with the anchor "
-                "always fresh, so only reuse differs; sd over seeds of the per-seed differences; the base where "
-                "there is no control)",
+                "always fresh, so only reuse differs; se: paired bootstrap over the examples, each example's "
+                "difference averaged over the seeds; the base where there is no control)",
                 source="results/table1.json")
     comp = Claim("posttrain_compute", "TADM:Post-train at K = 2 runs 0.67x the base's layer calls (2/20/8 split)",
                  "0.67x", paper_value=2 / 3, test="layer calls K = 2 / base vs the split's own bound (counted)",
@@ -379,12 +380,18 @@ def _table1_claims(inp: Inputs) -> list[Claim]:
             ses.append(best.get("throughput_se"))
             control = next((v for v in m.values() if v.get("control")), None)
             ref = control or base
+            # the paired bootstrap over the examples (Table 1's Δ ± se); the sd over seeds of the
+            # per-seed differences beside it in the notes
+            delta, se = paired_accuracy_delta(best["correct_seeds"], ref["correct_seeds"])
+            deltas.append(delta)
+            d_se.append(se if se == se else None)
             diffs = [a - b for a, b in zip(best["accuracy_seeds"], ref["accuracy_seeds"])]
-            deltas.append(best["accuracy"] - ref["accuracy"])
-            d_se.append(statistics.stdev(diffs) if len(diffs) > 1 else None)
+            seed_sd = f"{statistics.stdev(diffs):.1f}" if len(diffs) > 1 else "-"
             vs = (f"control (fresh anchor) {control['accuracy']:.1f} %, base {base['accuracy']:.1f} %" if control
                   else f"base {base['accuracy']:.1f} % (no control row)")
-            notes.append(f"{task}: {ratio:.2f}x at K = {best['refresh_every']}, accuracy {best['accuracy']:.1f} % vs {vs}")
+            notes.append(f"{task}: {ratio:.2f}x at K = {best['refresh_every']}, accuracy {best['accuracy']:.1f} % vs {vs} "
+                         f"({r['n']} examples x {len(diffs)} seeds; per-seed differences {', '.join(f'{d:+.1f}' for d in diffs)}, "
+                         f"their sd {seed_sd})")
             k2 = [v for v in tadm if v["refresh_every"] == 2]
             if k2:
                 comp.value = k2[0]["layer_calls"] / base["layer_calls"]

@@ -67,4 +67,19 @@ def paired_speedup(base_seconds, seconds, B: int = 1000, seed: int = 0) -> tuple
     return float(np.median(ratios)), spread(np.median(ratios[resamples(len(ratios), B, seed)], axis=1))
 
 
-__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se", "paired_speedup"]
+def paired_accuracy_delta(correct_seeds, ref_seeds, B: int = 1000, seed: int = SEED) -> tuple[float, float]:
+    """Accuracy of a method minus a reference's, in points, from per-example correctness on the
+    same examples (one list per sampling seed, the same seeds for both, as Table 1 runs them), and
+    its paired bootstrap standard error: each example's difference is averaged over the seeds, and
+    the examples are resampled (B times), so the se covers which examples were asked and the
+    sampling noise of each answer; nan with fewer than 2 examples. (An sd over seeds of per-seed
+    differences, with 2 seeds, can be 0 when both seeds differ by the same example.)"""
+    a, b = np.asarray(correct_seeds, np.float64), np.asarray(ref_seeds, np.float64)
+    if a.ndim != 2 or a.shape != b.shape or not a.size:
+        raise ValueError(f"paired_accuracy_delta: correctness of shape {a.shape} against {b.shape} "
+                         "(seeds x examples, the same for both)")
+    diffs = 100.0 * (a - b).mean(0)  # per example, averaged over seeds
+    return float(diffs.mean()), mean_se(diffs, B, seed) if len(diffs) > 1 else float("nan")
+
+
+__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se", "paired_speedup", "paired_accuracy_delta"]

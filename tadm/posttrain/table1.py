@@ -10,9 +10,10 @@ For every task of ``posttrain.tasks`` and every seed of ``posttrain.seeds``, eac
 generates with DiffusionGemma's entropy-bound sampler (``generate`` of transformers for the
 base; the same loop with the anchor refreshed every K steps for TADM) and is scored:
 
-    accuracy (mean over seeds, in %), delta in points vs the base and vs the control (each
-             ± the sd over seeds of the per-seed differences: every method is sampled with
-             the same seeds),
+    accuracy (mean over seeds, in %; ± the sd over seeds), delta in points vs the base and vs
+             the control (each ± its paired bootstrap se over the examples: every method
+             answers the same examples with the same seeds, each example's difference is
+             averaged over the seeds and the examples are resampled),
     tokens/s end to end (prompt encoding + every denoising step + decoding of the canvases;
              all generated canvas positions counted), timed on the scored generations
              themselves: the median over every full prompt batch of every seed, the methods
@@ -61,7 +62,7 @@ from tadm.config import Params
 from tadm.data import arithmetic, chat
 from tadm.errors import DataError
 from tadm.io import atomic_write_json
-from tadm.metrics.bootstrap import paired_speedup
+from tadm.metrics.bootstrap import paired_accuracy_delta, paired_speedup
 from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma, sampling_kwargs
 from tadm.posttrain.data import arithmetic_eval_set, left_pad
@@ -276,12 +277,13 @@ class Runner:
             seconds = time.perf_counter() - t0
         return self.decode(seqs, ids.shape[1]), seconds, probe.seconds
 
-    def run_seed(self, task: Task, seed: int) -> dict[str, tuple[float, list[str], int, list[tuple[int, float, float]]]]:
+    def run_seed(self, task: Task, seed: int) -> dict[str, tuple[float, list[str], list[bool], int,
+                                                              list[tuple[int, float, float]]]]:
         """Every method on every prompt batch of `task` with `seed`, the methods taking turns on
         each batch: the same prompts are timed for every method within seconds of each other,
         so machine-speed drift hits them alike and each batch is a paired comparison
-        (:func:`paired_speedup`). Per method label: accuracy in %, the completions, the
-        decoder-layer calls the generations made (every process's batches: generated, scored
+        (:func:`paired_speedup`). Per method label: accuracy in %, the completions, each example's
+        correctness (in example order), the decoder-layer calls the generations made (every process's batches: generated, scored
         and counted where they ran, then gathered), and this process's timed batches (prompts,
         seconds of ``generate``, seconds in its decoder calls), in batch order."""
         bs, starts, d = self.p.posttrain.eval_batch_size, self.batch_starts(len(task.prompts)), self.dist
@@ -306,7 +308,7 @@ class Runner:
             n_calls = sum(runtime.gather([calls[m.label]], d.world, d))
             texts = [t for ts, _ in batches for t in ts]
             correct = [c for _, cs in batches for c in cs]
-            out[m.label] = (100.0 * sum(correct) / len(correct), texts, n_calls, timed[m.label])
+            out[m.label] = (100.0 * sum(correct) / len(correct), texts, correct, n_calls, timed[m.label])
         return out
 
     @torch.no_grad()
@@ -400,12 +402,13 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         if not task.prompts:
             raise DataError(f"task {name}: no evaluation examples")
         flops = runner.flops(task)  # also the warm-up of every method
-        runs = {m.label: {"accs": [], "examples": None, "calls": 0, "timed": []} for m in methods}
+        runs = {m.label: {"accs": [], "correct": [], "examples": None, "calls": 0, "timed": []} for m in methods}
         bar = tqdm(total=len(methods) * len(pt.seeds), desc=f"table1[{name}]", unit="run", disable=not d.main)
         for seed in pt.seeds:  # methods interleaved batch by batch (Runner.run_seed)
-            for label, (acc, texts, n, timed) in runner.run_seed(task, seed).items():
+            for label, (acc, texts, correct, n, timed) in runner.run_seed(task, seed).items():
                 r = runs[label]
                 r["accs"].append(acc)
+                r["correct"].append([int(c) for c in correct])
                 r["examples"] = r["examples"] or texts[:5]
                 r["calls"] += n
                 r["timed"] += timed
@@ -415,6 +418,7 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         for m in methods:
             r = runs[m.label]
             rows[m.label] = {"accuracy": statistics.mean(r["accs"]), "accuracy_seeds": r["accs"],
+                             "correct_seeds": r["correct"],
                              "accuracy_sd": statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0,
                              "refresh_every": m.k, "control": m.label == CONTROL, "layer_calls": r["calls"],
                              "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps),
@@ -433,12 +437,16 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
 
 
 def paired_delta(m: dict, ref: dict | None) -> tuple[float, float]:
-    """Accuracy of `m` minus `ref` in points, and the sd over seeds of the per-seed differences
-    (both rows are sampled with the same seeds); NaN without a reference row."""
+    """Accuracy of `m` minus `ref` in points and its paired bootstrap se over the examples (both
+    rows answer the same examples with the same seeds; :func:`paired_accuracy_delta`); NaN
+    without a reference row."""
     if ref is None:
         return float("nan"), float("nan")
-    diffs = [a - b for a, b in zip(m["accuracy_seeds"], ref["accuracy_seeds"])]
-    return m["accuracy"] - ref["accuracy"], statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    for row in (m, ref):
+        if "correct_seeds" not in row:
+            raise DataError("results/table1.json: a method has no per-example correctness (correct_seeds; written "
+                            "by an older tadm): rerun dvc repro table1")
+    return paired_accuracy_delta(m["correct_seeds"], ref["correct_seeds"])
 
 
 def frame(results: dict):
@@ -453,11 +461,11 @@ def frame(results: dict):
             speedup, speedup_se, dec_speedup = m["throughput_x"], m["throughput_se"], m["decoder_speedup_x"]
             bound = base["flops"] / m["flops"]
             dec_bound = base["decoder_flops"] / m["decoder_flops"]
-            delta, delta_sd = paired_delta(m, base)
-            delta_ctl, delta_ctl_sd = paired_delta(m, control)
+            delta, delta_se = paired_delta(m, base)
+            delta_ctl, delta_ctl_se = paired_delta(m, control)
             lines.append({"task": task, "method": label, "accuracy": m["accuracy"], "sd": m["accuracy_sd"],
-                          "delta_pts": delta, "delta_sd": delta_sd,
-                          "delta_control_pts": delta_ctl, "delta_control_sd": delta_ctl_sd,
+                          "delta_pts": delta, "delta_se": delta_se,
+                          "delta_control_pts": delta_ctl, "delta_control_se": delta_ctl_se,
                           "tokens_per_s": m["tokens_per_s"],
                           "throughput_x": speedup, "throughput_se": speedup_se,
                           "compute_x": m["layer_calls"] / base["layer_calls"],
@@ -473,8 +481,8 @@ def speed_cell(v: float, se: float | None) -> str:
     return f"{v:.2f}x" if se is None or se != se else f"{v:.2f}x ± {se:.2f}x"
 
 
-def _pm(v: float, sd: float) -> str:
-    return "–" if v != v else f"{v:+.1f} ± {sd:.1f}"
+def _pm(v: float, se: float) -> str:
+    return "–" if v != v else f"{v:+.1f} ± {se:.1f}"
 
 
 def to_markdown(df) -> str:
@@ -482,12 +490,13 @@ def to_markdown(df) -> str:
             "| FLOP bound | measured/bound | decoder share of time | decoder speed-up | decoder FLOP bound | measured/bound |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
-        f"| {r.task} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {_pm(r.delta_pts, r.delta_sd)} | "
-        f"{_pm(r.delta_control_pts, r.delta_control_sd)} | {r.tokens_per_s:,.0f} | "
+        f"| {r.task} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {_pm(r.delta_pts, r.delta_se)} | "
+        f"{_pm(r.delta_control_pts, r.delta_control_se)} | {r.tokens_per_s:,.0f} | "
         f"{speed_cell(r.throughput_x, r.throughput_se)} | {r.compute_x:.2f}x | {r.flop_bound_x:.2f}x | {r.measured_over_bound:.2f} | "
         f"{r.decoder_share:.0%} | {r.decoder_speedup_x:.2f}x | {r.decoder_bound_x:.2f}x | {r.decoder_measured_over_bound:.2f} |\n"
         for r in df.itertuples())
-    note = ("\nΔ: accuracy minus the base's / the control's, ± the sd over seeds of the per-seed differences. "
+    note = ("\nΔ: accuracy minus the base's / the control's, ± its paired bootstrap se over the examples (each example's "
+            "difference averaged over the seeds; both rows answer the same examples with the same seeds). "
             "Control: the same fusion recipe (data, steps, seed, CE + KD) trained and evaluated with the anchor "
             "recomputed at every step; Δ vs control isolates anchor reuse from the fine-tuning of the CE term. "
             "Throughput and decoder speed-up: the median over prompt batches of the base's time / the method's on the "

@@ -67,7 +67,7 @@ def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path)
     assert list(one["methods"]) == list(two["methods"]) == ["Base", table1.CONTROL, "TADM K=1", "TADM K=2", "TADM K=3"]
     for label in one["methods"]:
         _same(one["methods"][label], two["methods"][label],
-              ("accuracy_seeds", "layer_calls", "examples", "flops", "decoder_flops", "layer_calls_per_step"))
+              ("accuracy_seeds", "correct_seeds", "layer_calls", "examples", "flops", "decoder_flops", "layer_calls_per_step"))
     for r in (one, two):  # the speed-ups pair each method's batch times with the base's, in one order
         base = r["methods"]["Base"]
         assert base["throughput_x"] == 1.0 and base["decoder_speedup_x"] == 1.0

@@ -49,3 +49,23 @@ def test_the_speed_up_is_paired_batch_by_batch_so_a_common_slowdown_cancels():
     assert paired_speedup([3.0], [1.5]) == (pytest.approx(2.0), pytest.approx(float("nan"), nan_ok=True))
     with pytest.raises(ValueError, match="3 base batch times against 2"):
         paired_speedup([1.0, 1.0, 1.0], [1.0, 1.0])
+
+
+def test_the_paired_accuracy_delta_resamples_examples_so_two_equal_seeds_still_have_noise():
+    # 87 examples, 2 seeds; the method misses example 0 on both seeds that the reference gets:
+    # the per-seed differences are equal (their sd is 0), but one example in 87 is noise
+    ref = np.zeros((2, 87), dtype=int)
+    ref[:, :30] = 1
+    method = ref.copy()
+    method[:, 0] = 0
+    delta, se = bootstrap.paired_accuracy_delta(method, ref, B=2000)
+    assert delta == pytest.approx(-100 / 87)
+    diffs = np.r_[-100.0, np.zeros(86)]  # per example, averaged over the seeds
+    assert se == pytest.approx(diffs.std(ddof=1) / np.sqrt(87), rel=0.15) and se > 0.5
+    assert bootstrap.paired_accuracy_delta(ref, ref) == (0.0, 0.0)
+    # an example right on one seed only counts half: the differences are averaged over seeds
+    half = ref.copy()
+    half[0, 40] = 1
+    assert bootstrap.paired_accuracy_delta(half, ref)[0] == pytest.approx(50 / 87)
+    with pytest.raises(ValueError, match=r"shape \(2, 87\) against \(2, 86\)"):
+        bootstrap.paired_accuracy_delta(ref, ref[:, 1:])

@@ -6,6 +6,7 @@ and Table 1 reports TADM's delta against it (anchor reuse alone) beside the delt
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ from tests.posttrain.conftest import CANVAS
 from tests.posttrain.test_posttrain_core import gen_kwargs, prompts
 from tests.posttrain.test_posttrain_train import batch, params, step
 
-from tadm.errors import ConfigError
+from tadm.errors import ConfigError, DataError
 from tadm.posttrain import model as dgm
 from tadm.posttrain import table1
 from tadm.posttrain.objective import Rollout, posttrain_loss
@@ -83,8 +84,11 @@ def test_a_control_fusion_is_not_loaded_as_tadms(tmp_path, tiny_base):
 
 
 def _row(accs, tps=100.0, calls=300, control=False, k=None):
+    """Per seed, the first `acc` of 100 examples right."""
     seconds = [100.0 / tps * s for s in (1.0, 1.2, 0.9)]  # three full batches, timed as the base's x 100 / tps
+    correct = [[int(i < a) for i in range(100)] for a in accs]
     return {"accuracy": sum(accs) / len(accs), "accuracy_seeds": accs, "accuracy_sd": 1.0, "refresh_every": k,
+            "correct_seeds": correct,
             "control": control, "layer_calls": calls, "tokens_per_s": tps, "seconds": seconds,
             "decoder_seconds": [0.9 * s for s in seconds], "flops": 10.0 * calls, "decoder_flops": 9.0 * calls}
 
@@ -96,16 +100,30 @@ def results():
     return {"tasks": {"arithmetic": {"n": 10, "methods": methods}}}
 
 
-def test_table1_reports_delta_vs_base_and_vs_the_control_with_their_spread():
-    df = table1.frame(results()).set_index("method")
+def _paired_se(m, ref) -> float:
+    """The closed form of the paired bootstrap se: sd of the per-example differences (averaged
+    over seeds) / sqrt(n)."""
+    d = 100 * (np.asarray(m["correct_seeds"]) - np.asarray(ref["correct_seeds"])).mean(0)
+    return d.std(ddof=1) / np.sqrt(len(d))
+
+
+def test_table1_reports_delta_vs_base_and_vs_the_control_with_their_paired_se():
+    r = results()
+    methods = r["tasks"]["arithmetic"]["methods"]
+    df = table1.frame(r).set_index("method")
     assert list(df.index) == ["Base", table1.CONTROL, "TADM K=1", "TADM K=2"]
     k2 = df.loc["TADM K=2"]
-    assert k2.delta_pts == pytest.approx(9.0) and k2.delta_sd == pytest.approx(0.0)  # +9 on every seed
+    assert k2.delta_pts == pytest.approx(9.0)  # +9 on every seed
+    assert k2.delta_se == pytest.approx(_paired_se(methods["TADM K=2"], methods["Base"]), rel=0.15)
     assert k2.delta_control_pts == pytest.approx(-1.0)  # the fine-tuning's share removed: reuse costs 1 point
-    assert k2.delta_control_sd == pytest.approx(1.0)  # per-seed differences -1, 0, -2
+    assert k2.delta_control_se == pytest.approx(_paired_se(methods["TADM K=2"], methods[table1.CONTROL]), rel=0.15)
     assert df.loc[table1.CONTROL].delta_control_pts == 0 and df.loc["Base"].delta_pts == 0
+    assert df.loc["TADM K=1"].delta_se == 0  # the same answers as the base
     md = table1.to_markdown(df.reset_index())
-    assert "Δ vs control (pts)" in md and "| -1.0 ± 1.0 |" in md and "| +9.0 ± 0.0 |" in md
+    assert "Δ vs control (pts)" in md and f"| -1.0 ± {k2.delta_control_se:.1f} |" in md and "| +9.0 ± " in md
+    del methods["Base"]["correct_seeds"]
+    with pytest.raises(DataError, match="correct_seeds"):
+        table1.frame(r)
     metrics = table1.metrics_dict(df.reset_index())
     assert metrics["arithmetic_TADMK2_delta_control_pts"] == -1.0
     assert metrics["arithmetic_Controlfreshanchor_accuracy"] == pytest.approx(32.0)
@@ -123,11 +141,14 @@ def test_the_accuracy_claim_compares_tadm_with_the_control(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "table1.json").write_text(json.dumps(results() | {"split": [1, 10, 4]}))
     got = {c.id: c for c in C.claims(C.read_inputs(p, tmp_path))}["posttrain_accuracy"]
-    assert got.value == pytest.approx(-1.0) and got.se == pytest.approx(1.0)  # vs the control, not +9
+    m = results()["tasks"]["arithmetic"]["methods"]
+    assert got.value == pytest.approx(-1.0)  # vs the control, not +9
+    assert got.se == pytest.approx(_paired_se(m["TADM K=2"], m[table1.CONTROL]), rel=0.15)
     assert got.verdict == C.REPRODUCED and "control (fresh anchor) 32.0 %" in got.notes
+    assert "per-seed differences -1.0, +0.0, -2.0, their sd 1.0" in got.notes
     r = results()
-    r["tasks"]["arithmetic"]["methods"]["TADM K=2"]["accuracy_seeds"] = [20.0, 21.0, 22.0]  # 11 points below it
-    r["tasks"]["arithmetic"]["methods"]["TADM K=2"]["accuracy"] = 21.0
+    low = _row([20.0, 21.0, 22.0])  # 11 points below the control
+    r["tasks"]["arithmetic"]["methods"]["TADM K=2"].update({k: low[k] for k in ("accuracy", "accuracy_seeds", "correct_seeds")})
     (tmp_path / "results" / "table1.json").write_text(json.dumps(r | {"split": [1, 10, 4]}))
     got = {c.id: c for c in C.claims(C.read_inputs(p, tmp_path))}["posttrain_accuracy"]
     assert got.verdict == C.NOT  # within noise of the base (-1 ± 1), 11 points below the control
@@ -192,5 +213,6 @@ def test_each_prompt_batch_is_generated_by_every_method_in_turn(tiny_base, monke
     out = runner.run_seed(task, seed=0)
     assert order == [(0, "Base"), (0, "TADM K=2"), (2, "Base"), (2, "TADM K=2"), (4, "Base"), (4, "TADM K=2")]
     assert out["Base"][0] == 100.0 and out["TADM K=2"][0] == 0.0
-    assert (out["Base"][2], out["TADM K=2"][2]) == (9, 6)  # three batches each, its own calls only
-    assert [n for n, _, _ in out["TADM K=2"][3]] == [2, 2, 1]
+    assert out["Base"][2] == [True] * 5 and out["TADM K=2"][2] == [False] * 5  # per example, in order
+    assert (out["Base"][3], out["TADM K=2"][3]) == (9, 6)  # three batches each, its own calls only
+    assert [n for n, _, _ in out["TADM K=2"][4]] == [2, 2, 1]

@@ -482,7 +482,8 @@ def speed_cell(v: float, se: float | None) -> str:
 
 
 def _pm(v: float, se: float) -> str:
-    return "–" if v != v else f"{v:+.1f} ± {se:.1f}"
+    """A Δ cell: its value ± se; no ± where there is no se (one example)."""
+    return "–" if v != v else f"{v:+.1f}" if se != se else f"{v:+.1f} ± {se:.1f}"
 
 
 def to_markdown(df) -> str:

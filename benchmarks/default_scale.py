@@ -56,6 +56,14 @@ SETTINGS: dict[str, tuple[dict, str]] = {
     "v300_adlm_1500": ({"train.steps": 1500}, "adlm"),
     "v300_adlm_2000": ({"train.steps": 2000}, "adlm"),
     "v300_adlm_1500_seed1": ({"train.steps": 1500, "seed": 1}, "adlm"),
+    # Adam's second-moment decay: 0.95 (nanoGPT's, GPT-3's) against the MDLM default 0.999
+    "v300_adlm_b95": ({"train.betas": [0.9, 0.95]}, "adlm"),
+    "v300_adlm_b95_seed1": ({"train.betas": [0.9, 0.95], "seed": 1}, "adlm"),
+    "v300_mdlm_b95": ({"train.betas": [0.9, 0.95]}, "mdlm"),
+    "v300_sedd_b95": ({"train.betas": [0.9, 0.95]}, "sedd"),
+    "v300_sedd": ({}, "sedd"),
+    "v300_adlm_b95_lr1.5e-3": ({"train.betas": [0.9, 0.95], "train.lr": 1.5e-3}, "adlm"),
+    "v300_adlm_b95_lr1.5e-3_seed1": ({"train.betas": [0.9, 0.95], "train.lr": 1.5e-3, "seed": 1}, "adlm"),
     "v300_sedd_seed1": ({"seed": 1}, "sedd"),
     "v300_sedd_lr1.5e-3_seed1": ({"train.lr": 1.5e-3, "seed": 1}, "sedd"),
     # measured at the previous default lr, 1.5e-3

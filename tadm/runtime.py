@@ -268,10 +268,10 @@ def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print
                 if rc is None:
                     continue
                 del running[name]
-                log(f"[jobs] {name}: {'done' if rc == 0 else f'FAILED (exit code {rc})'} after "
-                    f"{time.perf_counter() - t0:.0f} s")
+                elapsed = time.perf_counter() - t0
+                log(f"[jobs] {name}: {'done' if rc == 0 else f'FAILED (exit code {rc})'} after {elapsed:.0f} s")
                 if rc == 0:
-                    seconds[name] = time.perf_counter() - t0
+                    seconds[name] = elapsed
                 else:
                     failed.append(f"{name} (exit code {rc}: `{' '.join(_argv_of(proc))}`)")
             time.sleep(poll if running else 0)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from tadm.config import Params
 from tadm.io import atomic_write_text
-from tadm.metrics.bootstrap import paired_accuracy_delta
+from tadm.metrics.bootstrap import row_accuracy_delta
 
 REPRODUCED, SAME, NOT, NOT_RUN = "reproduced", "same direction", "not reproduced", "not run at this profile"
 
@@ -382,7 +382,7 @@ def _table1_claims(inp: Inputs) -> list[Claim]:
             ref = control or base
             # the paired bootstrap over the examples (Table 1's Δ ± se); the sd over seeds of the
             # per-seed differences beside it in the notes
-            delta, se = paired_accuracy_delta(best["correct_seeds"], ref["correct_seeds"])
+            delta, se = row_accuracy_delta(best, ref)
             deltas.append(delta)
             d_se.append(se if se == se else None)
             diffs = [a - b for a, b in zip(best["accuracy_seeds"], ref["accuracy_seeds"])]

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tadm.errors import DataError
+
 SEED = 0xB007
 
 
@@ -82,4 +84,17 @@ def paired_accuracy_delta(correct_seeds, ref_seeds, B: int = 1000, seed: int = S
     return float(diffs.mean()), mean_se(diffs, B, seed) if len(diffs) > 1 else float("nan")
 
 
-__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se", "paired_speedup", "paired_accuracy_delta"]
+def row_accuracy_delta(m: dict, ref: dict | None, source: str = "results/table1.json") -> tuple[float, float]:
+    """:func:`paired_accuracy_delta` of two method rows of Table 1's results (their
+    ``correct_seeds``: both rows answer the same examples with the same seeds); NaN without a
+    reference row. A row from an older tadm, without per-example correctness, is a DataError."""
+    if ref is None:
+        return float("nan"), float("nan")
+    if any("correct_seeds" not in row for row in (m, ref)):
+        raise DataError(f"{source}: a method has no per-example correctness (correct_seeds; written by an older "
+                        "tadm): rerun dvc repro table1")
+    return paired_accuracy_delta(m["correct_seeds"], ref["correct_seeds"])
+
+
+__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se", "paired_speedup", "paired_accuracy_delta",
+           "row_accuracy_delta"]

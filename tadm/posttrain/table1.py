@@ -62,7 +62,7 @@ from tadm.config import Params
 from tadm.data import arithmetic, chat
 from tadm.errors import DataError
 from tadm.io import atomic_write_json
-from tadm.metrics.bootstrap import paired_accuracy_delta, paired_speedup
+from tadm.metrics.bootstrap import paired_speedup, row_accuracy_delta
 from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma, sampling_kwargs
 from tadm.posttrain.data import arithmetic_eval_set, left_pad
@@ -92,14 +92,12 @@ def _grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | Non
     return 2 * a.shape[1] * a.shape[2] * (b.shape[1] if used is None else used)
 
 
-_grouped_mm_flops._get_raw = True  # it needs offs's values, not only the shapes
-
 # torch's counter knows the CUDA attention kernels but not the CPU one, and no grouped matmul (the
-# MoE experts of DiffusionGemma: without it every expert FLOP would be missing); count them too
-_EXTRA_FLOP_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
-                        torch.ops.aten._grouped_mm: _grouped_mm_flops}
-_FORMULAS = {**flop_registry, **{op: f if getattr(f, "_get_raw", False) else shape_wrapper(f)
-                                 for op, f in _EXTRA_FLOP_FORMULAS.items()}}
+# MoE experts of DiffusionGemma: without it every expert FLOP would be missing); count them too.
+# The grouped matmul's formula reads offs's values, so it takes the tensors, not their shapes.
+_FORMULAS = {**flop_registry,
+             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: shape_wrapper(_cpu_attention_flops),
+             torch.ops.aten._grouped_mm: _grouped_mm_flops}
 
 
 class FlopCount(TorchDispatchMode):
@@ -282,10 +280,11 @@ class Runner:
         """Every method on every prompt batch of `task` with `seed`, the methods taking turns on
         each batch: the same prompts are timed for every method within seconds of each other,
         so machine-speed drift hits them alike and each batch is a paired comparison
-        (:func:`paired_speedup`). Per method label: accuracy in %, the completions, each example's
-        correctness (in example order), the decoder-layer calls the generations made (every process's batches: generated, scored
-        and counted where they ran, then gathered), and this process's timed batches (prompts,
-        seconds of ``generate``, seconds in its decoder calls), in batch order."""
+        (:func:`paired_speedup`). Per method label: accuracy in %, the completions, each
+        example's correctness (in example order), the decoder-layer calls the generations made
+        (every process's batches: generated, scored and counted where they ran, then gathered),
+        and this process's timed batches (prompts, seconds of ``generate``, seconds in its
+        decoder calls), in batch order."""
         bs, starts, d = self.p.posttrain.eval_batch_size, self.batch_starts(len(task.prompts)), self.dist
         mine = {m.label: [] for m in self.methods}
         timed = {m.label: [] for m in self.methods}
@@ -436,19 +435,6 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
 # ----------------------------------------------------------------------------- the table
 
 
-def paired_delta(m: dict, ref: dict | None) -> tuple[float, float]:
-    """Accuracy of `m` minus `ref` in points and its paired bootstrap se over the examples (both
-    rows answer the same examples with the same seeds; :func:`paired_accuracy_delta`); NaN
-    without a reference row."""
-    if ref is None:
-        return float("nan"), float("nan")
-    for row in (m, ref):
-        if "correct_seeds" not in row:
-            raise DataError("results/table1.json: a method has no per-example correctness (correct_seeds; written "
-                            "by an older tadm): rerun dvc repro table1")
-    return paired_accuracy_delta(m["correct_seeds"], ref["correct_seeds"])
-
-
 def frame(results: dict):
     """Table 1 as a pandas frame: one line per (task, method)."""
     import pandas as pd
@@ -461,8 +447,8 @@ def frame(results: dict):
             speedup, speedup_se, dec_speedup = m["throughput_x"], m["throughput_se"], m["decoder_speedup_x"]
             bound = base["flops"] / m["flops"]
             dec_bound = base["decoder_flops"] / m["decoder_flops"]
-            delta, delta_se = paired_delta(m, base)
-            delta_ctl, delta_ctl_se = paired_delta(m, control)
+            delta, delta_se = row_accuracy_delta(m, base)
+            delta_ctl, delta_ctl_se = row_accuracy_delta(m, control)
             lines.append({"task": task, "method": label, "accuracy": m["accuracy"], "sd": m["accuracy_sd"],
                           "delta_pts": delta, "delta_se": delta_se,
                           "delta_control_pts": delta_ctl, "delta_control_se": delta_ctl_se,

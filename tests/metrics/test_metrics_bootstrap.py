@@ -69,3 +69,15 @@ def test_the_paired_accuracy_delta_resamples_examples_so_two_equal_seeds_still_h
     assert bootstrap.paired_accuracy_delta(half, ref)[0] == pytest.approx(50 / 87)
     with pytest.raises(ValueError, match=r"shape \(2, 87\) against \(2, 86\)"):
         bootstrap.paired_accuracy_delta(ref, ref[:, 1:])
+
+
+def test_a_table1_row_delta_reads_correct_seeds_and_an_old_row_is_one_line():
+    from tadm.errors import DataError
+
+    row = {"correct_seeds": [[1, 0, 1, 1], [1, 0, 0, 1]]}
+    ref = {"correct_seeds": [[1, 1, 1, 1], [1, 0, 1, 1]]}
+    assert bootstrap.row_accuracy_delta(row, ref) == bootstrap.paired_accuracy_delta(row["correct_seeds"],
+                                                                                      ref["correct_seeds"])
+    assert all(np.isnan(bootstrap.row_accuracy_delta(row, None)))  # no reference row
+    with pytest.raises(DataError, match=r"results/table1.json: .*correct_seeds.*rerun dvc repro table1"):
+        bootstrap.row_accuracy_delta(row, {"accuracy": 50.0})

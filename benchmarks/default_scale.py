@@ -62,6 +62,7 @@ SETTINGS: dict[str, tuple[dict, str]] = {
     "v300_mdlm_b95": ({"train.betas": [0.9, 0.95]}, "mdlm"),
     "v300_sedd_b95": ({"train.betas": [0.9, 0.95]}, "sedd"),
     "v300_sedd": ({}, "sedd"),
+    "v300_tadm_gamma0_b95": ({"train.betas": [0.9, 0.95]}, "tadm_gamma0"),
     "v300_adlm_b95_lr1.5e-3": ({"train.betas": [0.9, 0.95], "train.lr": 1.5e-3}, "adlm"),
     "v300_adlm_b95_lr1.5e-3_seed1": ({"train.betas": [0.9, 0.95], "train.lr": 1.5e-3, "seed": 1}, "adlm"),
     "v300_sedd_seed1": ({"seed": 1}, "sedd"),

@@ -150,32 +150,34 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
                         "(two jobs would train one checkpoint directory)")
     tadm = [sys.executable, "-m", "tadm", "--params", str(args.params)]
     restart = ["--restart"] if args.restart else []
-    # the cost proxy, in layers x width^2 per token: a forward pass counts 1, a backward pass 2,
-    # times the tokens seen (the vocabulary heads left out)
     m, t = p.model, p.train
+
+    def cost(layer_passes: int, width: int, tokens: int) -> int:
+        """The proxy, in layers x width^2 per token: a forward pass counts 1, a backward pass 2,
+        times the tokens seen (the vocabulary heads left out)."""
+        return layer_passes * width ** 2 * tokens
+
     jobs = [(r, [*tadm, "train", r, "--data", args.data, *restart],
-             3 * layers(r, m) * m.d_model ** 2 * t.steps * t.global_batch * p.packing.seq_len)
+             cost(3 * layers(r, m), m.d_model, t.steps * t.global_batch * p.packing.seq_len))
             for r in (args.runs or p.train.models)]
     if args.runs:
         return jobs
     e, b, pt, a = p.eval.trained, p.posttrain.base, p.posttrain, p.asrd
     depth = pt.shared_layers + pt.anchor_layers + pt.denoiser_layers
-
-    def dg(layer_passes: int, steps: int, batch: int) -> int:  # DiffusionGemma over context + canvas
-        return layer_passes * b.hidden_size ** 2 * steps * batch * (pt.max_context_tokens + pt.canvas_length)
-
+    dg_tokens = pt.max_context_tokens + pt.canvas_length  # DiffusionGemma over context + canvas
     return jobs + [
         ("evaluator", [*tadm, "evaluator", *restart],
-         3 * e.n_layers * e.d_model ** 2 * e.steps * e.batch_size * p.packing.seq_len),
+         cost(3 * e.n_layers, e.d_model, e.steps * e.batch_size * p.packing.seq_len)),
         # a self-conditioning forward pass, then the trained pass
-        ("dg_base", [*tadm, "dg-base", *restart], dg((1 + 3) * depth, b.steps, b.batch_size)),
+        ("dg_base", [*tadm, "dg-base", *restart],
+         cost((1 + 3) * depth, b.hidden_size, b.steps * b.batch_size * dg_tokens)),
         ("asrd_model", [*tadm, "asrd-model", *restart],
-         3 * m.mdlm_layers * m.d_model ** 2 * a.train_steps * a.train_batch * (a.prompt_tokens + a.response_tokens)),
+         cost(3 * m.mdlm_layers, m.d_model, a.train_steps * a.train_batch * (a.prompt_tokens + a.response_tokens))),
         # a rollout of the frozen base, then its forward pass with the fusion, the backward pass
         # only through the fusion and the denoiser layers after it (measured: 0.62 of the base's
         # per-token seconds, this proxy 0.63)
         *((name, [*tadm, "dg-posttrain", *fresh, *restart],
-           dg(2 * depth + 2 * pt.denoiser_layers, pt.steps, pt.batch_size))
+           cost(2 * depth + 2 * pt.denoiser_layers, b.hidden_size, pt.steps * pt.batch_size * dg_tokens))
           for name, fresh in (("dg_posttrain", []), ("dg_posttrain_fresh", ["--fresh-anchor"]))),
     ]
 

@@ -16,11 +16,18 @@ from tests.metrics.conftest import scramble_letters, shuffle_words
 N = 100
 
 
-@pytest.fixture(scope="module")
-def texts(passages):
-    p, q = passages[:N], passages[N:2 * N]
+def text_sets(passages, words: int | None = None) -> dict[str, list[str]]:
+    """p and q: two disjoint sets of N passages (each cut to its first `words` words); p's
+    passages letter-scrambled and word-shuffled."""
+    short = [" ".join(t.split()[:words]) for t in passages[:2 * N]]
+    p, q = short[:N], short[N:]
     return {"p": p, "q": q, "scrambled": [scramble_letters(t, i) for i, t in enumerate(p)],
             "shuffled": [shuffle_words(t, i) for i, t in enumerate(p)]}
+
+
+@pytest.fixture(scope="module")
+def texts(passages):
+    return text_sets(passages)
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +43,9 @@ SMOLLM2_WORDS = 40  # the first 40 words of each passage: half the encoding (137
 def smollm2_features(passages, smollm2):
     from tadm.metrics.features import load_featurizer
 
-    short = [" ".join(t.split()[:SMOLLM2_WORDS]) for t in passages[:2 * N]]
-    texts = {"p": short[:N], "q": short[N:], "shuffled": [shuffle_words(t, i) for i, t in enumerate(short[:N])]}
+    texts = text_sets(passages, SMOLLM2_WORDS)
     featurizer = load_featurizer("smollm2", cache_dir=smollm2[1], batch_size=16)
-    return {k: featurizer.encode(v) for k, v in texts.items()}
+    return {k: featurizer.encode(texts[k]) for k in ("p", "q", "shuffled")}
 
 
 def test_smollm2_featurizer_real_vs_held_out_high_and_word_shuffled_low(smollm2_features):

@@ -35,9 +35,11 @@ reproduce: setup
 	$(BIN)/dvc repro
 	$(BIN)/dvc status
 
-## Tests: the whole suite, offline (includes the DVC pipeline on the micro profile).
+## Tests: the whole suite, offline (includes the DVC pipeline on the micro profile), on
+## TEST_WORKERS xdist workers, a test file per worker at a time (its module fixtures stay whole).
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

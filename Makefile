@@ -36,10 +36,13 @@ reproduce: setup
 	$(BIN)/dvc status
 
 ## Tests: the whole suite, offline (includes the DVC pipeline on the micro profile), on
-## TEST_WORKERS xdist workers, a test file per worker at a time (its module fixtures stay whole).
+## TEST_WORKERS xdist workers, a test file per worker at a time (its module fixtures stay whole),
+## in collection order (--no-loadscope-reorder: tests/conftest.py puts the micro pipeline's file,
+## the longest, first; xdist would otherwise start the files with the most tests first). Each
+## worker and the processes it starts get cores / workers threads (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

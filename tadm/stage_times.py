@@ -5,7 +5,8 @@ the command runs as a child process (its exit code is passed on unchanged), and 
 ``metrics/stage_times/NAME.json`` records its wall time and the peak resident memory of the
 largest process it started (``getrusage(RUSAGE_CHILDREN).ru_maxrss``: children and their
 descendants once they have been waited for -- papermill's kernel included). A stage DVC does not
-rerun keeps the record of the run that made its outputs.
+rerun keeps the record of the run that made its outputs. A ``papermill ...`` command starts as
+``python -m tadm.papermill_cli ...`` (papermill's CLI without an optional import that costs it 3 s).
 
 ``python -m tadm.stage_times collect`` (the last stage) gathers the records into
 ``metrics/stage_times.json`` and the Markdown table ``paper_figures/stage_times.md`` that the
@@ -62,7 +63,7 @@ def run(name: str, command: list[str], records: Path = RECORDS) -> int:
         raise SystemExit("stage_times run: no command given after --")
     probe_before = probe()
     start, wall = time.time(), time.perf_counter()
-    proc = subprocess.run(command)
+    proc = subprocess.run(_launch(command))
     seconds = time.perf_counter() - wall
     if proc.returncode == 0:
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
@@ -73,6 +74,13 @@ def run(name: str, command: list[str], records: Path = RECORDS) -> int:
             "probe_gflops": [round(probe_before, 1), round(probe(), 1)],
         })
     return proc.returncode
+
+
+def _launch(command: list[str]) -> list[str]:
+    """`command` as it is started: papermill through `tadm.papermill_cli`, the rest unchanged."""
+    if command[0] == "papermill":
+        return [sys.executable, "-m", "tadm.papermill_cli", *command[1:]]
+    return command
 
 
 def collect(names: list[str], records: Path = RECORDS, summary: Path = SUMMARY, table: Path = TABLE) -> dict:

@@ -8,6 +8,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under xdist (`make test`: 2 workers on 2 cores) each worker, and every process it starts (the
+# micro pipeline's stages, the two-process tests), gets cores // workers intra-op threads, as the
+# train stage's jobs do (tadm.runtime.run_jobs): two workers' OpenMP teams of two threads on two
+# cores spin-wait on each other (the micro pipeline's repro took 391 s alone and 709 s beside the
+# other worker at two threads each).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+    os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+
 
 import copy  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -78,3 +88,11 @@ def build_micro_data(root: Path, shard_sequences: int | None = None) -> Path:
 def micro_packed(tmp_path_factory) -> Path:
     """Packed token shards of the micro profile (corpus -> BPE -> pack), built once."""
     return build_micro_data(tmp_path_factory.mktemp("micro_data"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The micro pipeline's file first: under `--dist loadfile` a file runs whole on one worker,
+    and the longest one (~12 min beside the other worker) started ~4 minutes in finishes alone.
+    `make test` passes `--no-loadscope-reorder`, without which xdist would start the files with
+    the most tests first whatever this order. Stable: every other test keeps its order."""
+    items.sort(key=lambda item: item.path.name != "test_pipeline.py")

@@ -56,3 +56,28 @@ def test_the_cli_runs_the_command_after_the_separator(tmp_path, monkeypatch):
     assert stage_times.main(["run", "x", "--", sys.executable, "-c", "pass"]) == 0
     assert json.loads((tmp_path / "metrics/stage_times/x.json").read_text())["stage"] == "x"
     assert stage_times.main(["run", "y", "--", sys.executable, "-c", "raise SystemExit(5)"]) == 5
+
+
+def test_a_papermill_stage_runs_without_the_iri_grammar_and_executes_the_notebook(tmp_path):
+    """`papermill ...` starts as `python -m tadm.papermill_cli ...`: the same CLI and notebook,
+    without jsonschema's optional rfc3987_syntax (3 s of Lark grammar at every start)."""
+    import subprocess
+
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("import sys; print(x * 7, 'rfc3987_syntax' in sys.modules)")]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    assert stage_times._launch(["papermill", "a", "b"]) == [sys.executable, "-m", "tadm.papermill_cli", "a", "b"]
+    assert stage_times._launch(["python", "-m", "tadm"]) == ["python", "-m", "tadm"]
+    cmd = ["papermill", "--no-progress-bar", str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), "-p", "x", "6"]
+    assert stage_times.run("nb", cmd, records=tmp_path) == 0
+    assert json.loads((tmp_path / "nb.json").read_text())["command"] == " ".join(cmd)  # the stage's own command
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert out.cells[-1].outputs[0]["text"] == "42 False\n"  # the parameter reached the kernel
+    probe = ("import sys\nfrom tadm import papermill_cli\nsys.argv = ['papermill', '--help']\ntry:\n"
+             "    papermill_cli.main()\nexcept SystemExit:\n    pass\nprint('loaded', sys.modules['rfc3987_syntax'])")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "Usage: papermill" in shown and shown.rstrip().endswith("loaded None")

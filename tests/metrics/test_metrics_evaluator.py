@@ -13,9 +13,9 @@ from tests.metrics.conftest import TINY_POSITIONS
 
 
 def test_first_load_writes_a_complete_cache(smollm2):
-    ev, cache, seconds = smollm2
-    print(f"SmolLM2 first load (GGUF -> safetensors cache): {seconds:.1f} s")
-    assert ev.source == "gguf" and ev.name == "smollm2"
+    ev, cache, first = smollm2
+    print(f"SmolLM2 first load (GGUF -> safetensors cache): {first['seconds']:.1f} s")
+    assert first["source"] == "gguf" and ev.name == "smollm2"
     assert [p.name for p in cache.iterdir()] == [ev_mod.smollm2_gguf().stem]  # no temporary left
     target = cache / ev_mod.smollm2_gguf().stem
     for name in ("config.json", "model.safetensors", "tokenizer.json", CACHE_MARKER):

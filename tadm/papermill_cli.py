@@ -18,7 +18,6 @@ through here. The notebook kernel never imports jsonschema, so nothing else chan
 import sys
 
 
-
 def main() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)  # absent: its import raises ImportError
     from papermill.cli import papermill

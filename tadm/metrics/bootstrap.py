@@ -50,10 +50,44 @@ def mean_se(values: np.ndarray, B: int, seed: int = SEED) -> float:
 
 
 def mauve_se(p_features: np.ndarray, q_features: np.ndarray, B: int, seed: int = SEED) -> float:
+    """MAUVE's bootstrap sd; p = the references, q = the samples (the released call order)."""
     from tadm.metrics.mauve import mauve_score_features
 
-    ip, iq = resamples(len(p_features), B, seed), resamples(len(q_features), B, seed + 1)
+    ip, iq = resamples(len(p_features), B, seed + 1), resamples(len(q_features), B, seed)
     return spread([mauve_score_features(p_features[a], q_features[b]) for a, b in zip(ip, iq)])
+
+
+def paired_mauve_diff(reference: np.ndarray, a_features: np.ndarray, b_features: np.ndarray, B: int,
+                      seed: int = SEED) -> tuple[float, float]:
+    """MAUVE(a) - MAUVE(b), both against the same `reference` features, and the standard
+    deviation of that difference over B paired resamples: in each resample ONE draw of the
+    references serves both rows and one index vector draws both rows' samples (the rows share the
+    reference set, so their MAUVEs move together; a difference's spread is not the quadrature of
+    the two spreads). MAUVE is called as released (p = references, q = samples)."""
+    from tadm.metrics.mauve import mauve_score_features
+
+    if len(a_features) != len(b_features):
+        raise ValueError(f"paired_mauve_diff: {len(a_features)} samples against {len(b_features)}")
+    diff = mauve_score_features(reference, a_features) - mauve_score_features(reference, b_features)
+    ir, iq = resamples(len(reference), B, seed + 1), resamples(len(a_features), B, seed)
+    values = [mauve_score_features(reference[r], a_features[q]) - mauve_score_features(reference[r], b_features[q])
+              for r, q in zip(ir, iq)]
+    return float(diff), spread(values)
+
+
+def paired_log_ppl_ratio(a_nll, a_tokens, b_nll, b_tokens, B: int, seed: int = SEED) -> tuple[float, float]:
+    """log(Gen PPL(a) / Gen PPL(b)) from per-sample summed NLL and scored-token counts, and its
+    paired bootstrap sd (one index vector resamples both rows: sample i of each row was drawn
+    with the same seed). exp(value) - 1 is the relative difference."""
+    a_nll, a_tok = np.asarray(a_nll, np.float64), np.asarray(a_tokens, np.float64)
+    b_nll, b_tok = np.asarray(b_nll, np.float64), np.asarray(b_tokens, np.float64)
+    if len(a_nll) != len(b_nll):
+        raise ValueError(f"paired_log_ppl_ratio: {len(a_nll)} samples against {len(b_nll)}")
+    value = a_nll.sum() / a_tok.sum() - b_nll.sum() / b_tok.sum()
+    idx = resamples(len(a_nll), B, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = a_nll[idx].sum(1) / a_tok[idx].sum(1) - b_nll[idx].sum(1) / b_tok[idx].sum(1)
+    return float(value), spread(values)
 
 
 def paired_speedup(base_seconds, seconds, B: int = 1000, seed: int = 0) -> tuple[float, float]:
@@ -96,5 +130,6 @@ def row_accuracy_delta(m: dict, ref: dict | None, source: str = "results/table1.
     return paired_accuracy_delta(m["correct_seeds"], ref["correct_seeds"])
 
 
-__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se", "paired_speedup", "paired_accuracy_delta",
+__all__ = ["resamples", "spread", "gen_ppl_se", "mean_se", "mauve_se", "paired_mauve_diff", "paired_log_ppl_ratio",
+           "paired_speedup", "paired_accuracy_delta",
            "row_accuracy_delta"]

@@ -7,8 +7,9 @@ Protocol: MDLM's ``compute_generative_perplexity`` (kuleshov-group/mdlm and remd
    (:func:`decode_samples`), so BOS/EOS appear as ``<|endoftext|>``, and retokenized with the
    evaluator's tokenizer (no special tokens added), truncated to ``max_length`` tokens (MDLM:
    ``truncation=True, max_length=model.length``).
-2. The texts are taken ``batch_size`` at a time in their order and right-padded with EOS to the
-   longest in the batch (GPT-2's pad token is its EOS), with an attention mask over the real
+2. The texts are right-padded with EOS to the longest of the whole set (ReMDM's evaluation
+   tokenizes every sample at once with ``padding=True``; GPT-2's pad token is its EOS), then taken
+   ``batch_size`` at a time in their order, with an attention mask over the real
    tokens; the padded batch is cut into consecutive chunks of the evaluator's context length
    (``torch.split`` along the sequence) and each chunk is scored on its own by teacher forcing:
    the first token of every chunk only conditions (no BOS is prepended).
@@ -16,8 +17,8 @@ Protocol: MDLM's ``compute_generative_perplexity`` (kuleshov-group/mdlm and remd
    chunk's first EOS -- ``(token != eos) | (cumsum(token == eos) == 1)`` on the targets. So
    tokens after an EOS still count; an EOS counts only as the chunk's first (a leading EOS, the
    BOS of packed samples, is position 0, conditions only, and then no later EOS counts); and a
-   text with no EOS in a batch of longer ones gets its first pad EOS counted. Padding beyond that
-   never counts. (The counts of such a text therefore depend on its batch, as in MDLM.)
+   text with no EOS shorter than the set's longest gets its first pad EOS counted. Padding beyond
+   that never counts. (The counts of such a text therefore depend on the set, as released.)
 4. PPL = exp(sum of NLL / number of counted targets) over the whole sample set (a
    token-weighted mean, like MDLM's running ``Perplexity`` metric); per sample, its summed NLL
    and count (for the bootstrap, `tadm.metrics.bootstrap`).
@@ -79,9 +80,12 @@ def mdlm_target_mask(chunk: Tensor, eos_id: int) -> Tensor:
     return (~is_eos | first_eos)[:, 1:]
 
 
-def pad_batch(rows: list[list[int]], eos_id: int) -> tuple[Tensor, Tensor]:
-    """(tokens, attention mask) (B, longest) on the CPU: rows right-padded with EOS."""
-    width = max(len(r) for r in rows)
+def pad_batch(rows: list[list[int]], eos_id: int, width: int | None = None) -> tuple[Tensor, Tensor]:
+    """(tokens, attention mask) (B, width) on the CPU: rows right-padded with EOS to `width`
+    (None: the longest row)."""
+    width = max(len(r) for r in rows) if width is None else width
+    if width < max(len(r) for r in rows):
+        raise ValueError(f"pad_batch: width {width} is shorter than the longest row ({max(len(r) for r in rows)})")
     tokens = torch.full((len(rows), width), eos_id, dtype=torch.long, device=CPU)
     mask = torch.zeros((len(rows), width), dtype=torch.long, device=CPU)
     for i, r in enumerate(rows):
@@ -92,12 +96,12 @@ def pad_batch(rows: list[list[int]], eos_id: int) -> tuple[Tensor, Tensor]:
 
 @torch.no_grad()
 def _score_batch(model, rows: list[list[int]], eos_id: int, context_length: int, feature_width: int = 0,
-                 pooling: str = "mean") -> tuple[list[tuple[float, int]], np.ndarray | None]:
+                 pooling: str = "mean", width: int | None = None) -> tuple[list[tuple[float, int]], np.ndarray | None]:
     """[(summed NLL, counted targets)] of each row under MDLM's protocol (module docstring) and,
     with `feature_width` W > 0, the evaluator's final hidden states of each row's first W real
     tokens pooled (`pooling`), taken from the first chunk's pass (W <= context length)."""
     device = next(model.parameters()).device
-    tokens, mask = pad_batch(rows, eos_id)
+    tokens, mask = pad_batch(rows, eos_id, width)
     nll = torch.zeros(len(rows), dtype=torch.float64, device=CPU)
     count = torch.zeros(len(rows), dtype=torch.long, device=CPU)
     pooled = None
@@ -148,11 +152,13 @@ def _truncated(sequences: Iterable[Sequence[int]], max_length: int | None, eos_i
 
 def _score(sequences: list[list[int]], evaluator: Evaluator, batch_size: int, ctx: int, progress: bool,
            dist: Dist | None, feature_width: int = 0, pooling: str = "mean") -> tuple[GenPPL, np.ndarray | None]:
-    """MDLM's protocol over in-order batches of `batch_size` (module docstring)."""
+    """MDLM's protocol over in-order batches of `batch_size`, padded to the set's longest
+    (module docstring)."""
     batches = [list(range(i, min(i + batch_size, len(sequences)))) for i in range(0, len(sequences), batch_size)]
+    width = max(len(s) for s in sequences)
     desc = f"gen ppl{' + features' if feature_width else ''} [{evaluator.name}]"
     outputs = map_batches(batches, lambda b: _score_batch(evaluator.model, [sequences[i] for i in b], evaluator.eos_id,
-                                                          ctx, feature_width, pooling), dist, desc=desc,
+                                                          ctx, feature_width, pooling, width), dist, desc=desc,
                           progress=progress)
     nll = np.zeros(len(sequences), dtype=np.float64)
     count = np.zeros(len(sequences), dtype=np.int64)

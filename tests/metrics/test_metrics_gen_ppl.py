@@ -72,13 +72,16 @@ def test_tokens_after_an_eos_count_as_in_mdlm(smollm2):
 
 
 def test_padding_of_a_text_without_eos_counts_its_first_pad_eos(tiny):
-    """MDLM's quirk, kept: in a batch of longer texts, a text with no EOS of its own gets its
-    first pad EOS counted (so its count depends on its batch)."""
+    """The released quirk, kept: every text is padded to the longest of the whole set (ReMDM's
+    evaluation tokenizes the set at once), so a text with no EOS of its own that is shorter than
+    the set's longest gets its first pad EOS counted, whatever its batch."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50256, size=150).tolist()  # no EOS inside
     batched = gen_ppl_ids([ids, ids[:30], ids[:70]], tiny, batch_size=3)
     single = gen_ppl_ids([ids, ids[:30], ids[:70]], tiny, batch_size=1)
-    assert (batched.tokens - single.tokens).tolist() == [0, 1, 1]
+    alone = [gen_ppl_ids([x], tiny).tokens[0] for x in (ids, ids[:30], ids[:70])]
+    assert batched.tokens.tolist() == single.tokens.tolist()  # the batch no longer matters
+    assert (batched.tokens - np.array(alone)).tolist() == [0, 1, 1]  # the set does
     assert batched.nll[0] == pytest.approx(single.nll[0], rel=1e-5)
 
 
@@ -88,9 +91,9 @@ def test_chunking_scores_each_piece_on_its_own(tiny):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50256, size=150).tolist()  # no EOS inside
     whole = gen_ppl_ids([ids], tiny, context_length=40)
-    pieces = gen_ppl_ids([ids[i:i + 40] for i in range(0, 150, 40)], tiny, batch_size=1)  # no padding
-    assert whole.tokens[0] == 150 - 4 == pieces.tokens.sum()
-    assert whole.nll[0] == pytest.approx(pieces.nll.sum(), rel=1e-5)
+    pieces = [gen_ppl_ids([ids[i:i + 40]], tiny) for i in range(0, 150, 40)]  # each alone: no padding
+    assert whole.tokens[0] == 150 - 4 == sum(p.tokens.sum() for p in pieces)
+    assert whole.nll[0] == pytest.approx(sum(p.nll.sum() for p in pieces), rel=1e-5)
     # the model's own context (64 positions) is the default chunk size
     default = gen_ppl_ids([ids], tiny)
     assert default.tokens[0] == 150 - math.ceil(150 / TINY_POSITIONS)

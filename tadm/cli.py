@@ -302,6 +302,21 @@ def cmd_compute_column(args) -> None:
     print(to_markdown(rows))
 
 
+def cmd_throughput(args) -> None:
+    """Table 2's tokens/s: every row that samples timed in turns in one process, paired ratios vs
+    ADLM and MDLM (tadm.experiments.throughput)."""
+    from tadm.data.tokenizer import load_tokenizer
+    from tadm.experiments import throughput
+
+    result = throughput.run(_params(args), models_dir=args.models, bos_id=load_tokenizer(args.tokenizer).bos_token_id,
+                            rows=args.rows, out=Path(args.out))
+    throughput.write_table(result, Path(args.table))
+    for T, budget in result["budgets"].items():
+        print(json.dumps({"T": int(T), "tokens_per_s": {r: round(b["tokens_per_s_median"], 1)
+                                                       for r, b in budget["rows"].items()},
+                          "vs_adlm": {r: b["vs"].get("adlm", {}).get("ratio") for r, b in budget["rows"].items()}}))
+
+
 def cmd_dg_base(args) -> None:
     """Train the default profile's small DiffusionGemma (posttrain.base_model: local)."""
     from tadm import runtime
@@ -422,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "this run's results")
     p.add_argument("--out", default="paper_figures")
     p.set_defaults(func=cmd_claims)
+
+    p = sub.add_parser("throughput", help="Table 2's tokens/s: every row that samples timed in turns in one process "
+                       "(results/throughput.json, paper_figures/table2_throughput.md)")
+    p.add_argument("--models", default="models", help="the trained models' directory (models/<row's model>)")
+    p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+    p.add_argument("--out", default="results/throughput.json")
+    p.add_argument("--table", default="paper_figures/table2_throughput.md")
+    p.add_argument("--rows", nargs="+", default=None, help="time only these Table 2 rows (default: every row that samples)")
+    p.set_defaults(func=cmd_throughput)
 
     p = sub.add_parser("dg-base", help="train the small DiffusionGemma of the default profile on the SFT canvases")
     p.add_argument("--sft", default=str(SFT_DIR))

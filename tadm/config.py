@@ -190,6 +190,10 @@ class SampleConfig:
     t_on: float = spec(0.55, gt=0.0, le=1.0)
     t_off: float = spec(0.05, ge=0.0, lt=1.0)
     alpha_on: float = spec(0.9, gt=0.0, lt=1.0)
+    # the throughput stage (tadm.experiments.throughput): every row that samples timed in turns in
+    # one process, throughput_rounds rounds of one batch of throughput_batch sequences per row and budget
+    throughput_rounds: int = spec(5, ge=1)
+    throughput_batch: int = spec(16, ge=1)
 
 
 @dataclass
@@ -359,6 +363,22 @@ class AsrdConfig:
 
 
 @dataclass
+class ClaimsConfig:
+    """The claims table's verdict rules (tadm.experiments.claims), declared before any number is
+    read: the threshold of direction claims, the interval of equivalence claims, the power behind
+    the minimum detectable effects, the equivalence margins per metric, and the between-training-run
+    sd of a MAUVE cell added to comparisons of separately trained models (0: none)."""
+
+    z: float = spec(2.0, gt=0.0)  # direction / magnitude: an effect beyond z se
+    equivalence_level: float = spec(0.90, gt=0.5, lt=1.0)  # TOST: this two-sided interval inside the margin
+    power: float = spec(0.8, gt=0.5, lt=1.0)  # minimum detectable effect and the n for the paper's effect
+    margin_accuracy_pts: float = spec(1.5, gt=0.0)  # accuracy, points
+    margin_mauve: float = spec(0.05, gt=0.0)  # MAUVE, absolute
+    margin_gen_ppl_rel: float = spec(0.05, gt=0.0)  # Gen PPL, relative (5 %: log ratio within log 1.05)
+    training_sd_mauve: float = spec(0.10, ge=0.0)  # one MAUVE cell's sd over training runs
+
+
+@dataclass
 class RuntimeConfig:
     """Where and how every stage runs (tadm.runtime): one device setting for all of them."""
 
@@ -385,6 +405,7 @@ class Params:
     eval: EvalConfig = field(default_factory=EvalConfig)
     posttrain: PosttrainConfig = field(default_factory=PosttrainConfig)
     asrd: AsrdConfig = field(default_factory=AsrdConfig)
+    claims: ClaimsConfig = field(default_factory=ClaimsConfig)
 
 
 # --------------------------------------------------------------------------- validation

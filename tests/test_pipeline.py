@@ -22,12 +22,13 @@ pytestmark = pytest.mark.slow
 RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
 TRAIN_STAGES = DATA_STAGES + ("train",)
-ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm")
-STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("sweep", "staleness", "tables", "compute_column")
+ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm", "tadm_nofusion")
+STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("throughput", "sweep", "staleness", "tables", "compute_column")
           + ("table1", "asrd", "claims", "stage_times"))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
-           "table1.md", "table1.csv", "asrd.md", "asrd.csv", "asrd_sweeps.md", "asrd_sweeps.csv", "claims.md", "claims.csv", "stage_times.md")
+           "table1.md", "table1.csv", "asrd.md", "asrd.csv", "asrd_sweeps.md", "asrd_sweeps.csv", "claims.md", "claims.csv", "claims_summary.md",
+           "table2_throughput.md", "stage_times.md")
 DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft", "data/asrd")
 MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/dg_fresh", "models/asrd_mdlm",
                                                 "models/evaluator")
@@ -117,7 +118,8 @@ def test_table2_has_every_row_with_numbers_and_data_sits_where_data_should(repo)
     import pandas as pd
 
     t2 = pd.read_csv(repo / "paper_figures" / "table2.csv", header=[0, 1], index_col=0)
-    labels = ["Data", "AR", "SEDD", "MDLM", "MDLM+FB", "MDLM+DFM", "ReMDM", "ADLM", "TADM† (γ=0)", "TADM‡ (γ=3e-3)"]
+    labels = ["Data", "AR", "SEDD", "MDLM", "MDLM+FB", "MDLM+DFM", "ReMDM", "ADLM", "TADM† (γ=0)", "TADM‡ (γ=3e-3)",
+              "TADM‡, fusion bypassed"]
     assert list(t2.index) == labels
     for T in ("8", "16"):
         assert t2[("mauve", T)].notna().all() and t2[("gen_ppl", T)].notna().all() and t2[("entropy", T)].notna().all()

@@ -349,7 +349,8 @@ def preconditions(inp: Inputs) -> list[dict]:
         scored = {n: m["val_nelbo"] for n, m in inp.train.items() if "val_nelbo" in m}
         if scored:
             worst = min(scored, key=scored.get)
-            out.append({"check": "judge: validation NLL below every model it scores (same tokens)", "judge": True,
+            out.append({"check": "judge: validation NLL below every model it scores (same tokens)",
+                        "judge": ("mauve", "gen_ppl"),
                         "value": judge, "passed": _usable(judge) and judge < scored[worst],
                         "wanted": f"< {scored[worst]:.3f} ({worst}, the strongest)",
                         "shown": f"{judge:.3f} nats/token" if _usable(judge) else "not recorded (metrics/evaluator.json)"})
@@ -361,15 +362,18 @@ def preconditions(inp: Inputs) -> list[dict]:
                 if k == "shuffled_ppl_ratio_per_gpt2_token" and "shuffled_ppl_ratio" in sanity:
                     shown += (f" (per judge token: {sanity['shuffled_ppl_ratio']:.3f}, {sanity['judge_tokens']} judge "
                               f"tokens for {sanity['gpt2_tokens']} GPT-2 tokens)")
-                out.append({"check": f"evaluator: {k}", "value": v, "shown": shown, "judge": True,
+                out.append({"check": f"evaluator: {k}", "value": v, "shown": shown,
+                            "judge": ("mauve",) if k.startswith("mauve") else ("gen_ppl",),
                             "wanted": e["sanity_thresholds"][k], "passed": e["sanity_passed"][k]})
     return out
 
 
-def _untestable(pre: list[dict], rows: tuple[str, ...], judged: bool) -> str:
-    """Why a finding over Table 2 `rows` cannot be tested ("" when it can)."""
+def _untestable(pre: list[dict], rows: tuple[str, ...], metric: str | None) -> str:
+    """Why a finding over Table 2 `rows` judged on `metric` ("mauve", "gen_ppl"; None: no judge)
+    cannot be tested ("" when it can)."""
     models = {QUALITY_ROWS_MODEL.get(r, r) for r in rows}
-    failed = [r["check"] for r in pre if not r["passed"] and (r.get("model") in models or (judged and r.get("judge")))]
+    failed = [r["check"] for r in pre
+              if not r["passed"] and (r.get("model") in models or (metric is not None and metric in r.get("judge", ())))]
     return "; ".join(failed)
 
 
@@ -469,7 +473,7 @@ def _table2_findings(inp: Inputs, pre: list[dict], rules: Rules) -> list[Claim]:
             c.value, c.se, c.covers, c.n = got
             c.shown = f"{t['mauve']:.3f} vs {r['mauve']:.3f}: diff {_fmt(c.value, c.se)} (T = {T2})"
             c.verdict = direction(c.value, c.se, rules)
-        out.append(_testable(c, pre, (row, "remdm"), True))
+        out.append(_testable(c, pre, (row, "remdm"), "mauve"))
 
     # --- Gen PPL: TADM matches or improves on ReMDM
     c = Claim("genppl_tadm_vs_remdm", "TADM‡ matches or improves on ReMDM in Gen PPL at T = 2048", "21.70 vs 22.8",
@@ -484,7 +488,7 @@ def _table2_findings(inp: Inputs, pre: list[dict], rules: Rules) -> list[Claim]:
         c.covers = "samples (paired bootstrap); not the training run (no estimate at this profile)"
         c.shown = f"{t['gen_ppl']:.1f} vs {r['gen_ppl']:.1f}: ReMDM {_pct(c.value)} vs TADM‡ (± {100 * c.se:.1f} %; T = {T2})"
         c.verdict = non_inferiority(c.value, c.se, c.margin, rules)
-    out.append(_testable(c, pre, ("tadm", "remdm"), True))
+    out.append(_testable(c, pre, ("tadm", "remdm"), "gen_ppl"))
 
     # --- TADM-double-dagger vs dagger: anchor supervision is optional
     for metric, paper, paper_diff in (("mauve", "0.646 vs 0.650", -0.004), ("gen_ppl", "21.70 vs 21.77", math.log(21.70 / 21.77))):
@@ -510,14 +514,14 @@ def _table2_findings(inp: Inputs, pre: list[dict], rules: Rules) -> list[Claim]:
                     c.shown = f"{t['gen_ppl']:.1f} vs {g['gen_ppl']:.1f}: {_pct(c.value)} (± {100 * c.se:.1f} %; T = {T2})"
             if got:
                 c.verdict = equivalence(c.value, c.se, margin, rules)
-        out.append(_testable(c, pre, ("tadm", "tadm_gamma0"), True))
+        out.append(_testable(c, pre, ("tadm", "tadm_gamma0"), metric))
 
-    out.append(_testable(_sweep_claim(inp, rules), pre, ("tadm",), True))
+    out.append(_testable(_sweep_claim(inp, rules), pre, ("tadm",), "gen_ppl"))
     return out
 
 
-def _testable(c: Claim, pre: list[dict], rows: tuple[str, ...], judged: bool) -> Claim:
-    why = _untestable(pre, rows, judged)
+def _testable(c: Claim, pre: list[dict], rows: tuple[str, ...], metric: str | None) -> Claim:
+    why = _untestable(pre, rows, metric)
     if why and c.verdict != NOT_RUN:
         c.verdict = NOT_TESTABLE
         c.notes = (c.notes + "; " if c.notes else "") + f"not testable: {why}"
@@ -590,6 +594,8 @@ def _staleness_claims(inp: Inputs, rules: Rules) -> list[Claim]:
     rec.value = sum(vals) / len(vals)
     rec.se = _f(rows[1], "recovery_mean_se")
     old = [_f(r, "recovery_vs_reused") for r in aged]
+    if "recovery_mean" in rows[1]:
+        rec.value = _f(rows[1], "recovery_mean")
     rec.shown = (_fmt(rec.value, rec.se) + " of KL(fresh || fusion bypassed) closed"
                  + (f" (against re-serving the stale prediction: {sum(old) / len(old):.3f})" if all(map(math.isfinite, old)) else ""))
     rec.verdict = direction(rec.value, rec.se, rules)

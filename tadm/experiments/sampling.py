@@ -1,8 +1,9 @@
 """Sampling runs of the paper's tables: one saved sample set per (row, budget T).
 
 A `SampleRun` names a trained model directory and how to sample it (sampler, TADM's refresh
-policy). `run_samples` draws `sample.num_samples` sequences of the canvas length for one budget
-T with the profile's sampler settings, and writes
+policy, and for TADM's fusion ablation `bypass_fusion`: D(h) every step, the record then says
+"bypass_fusion": true). `run_samples` draws `sample.num_samples` sequences of the canvas length
+for one budget T with the profile's sampler settings, and writes
 
     <out>/T<T>.npy     the tokens (N, L) int64
     <out>/T<T>.json    the record: row, model, settings, counters, seconds, tokens/s, refreshes
@@ -54,6 +55,7 @@ class SampleRun:
     K: int | None = None  # TADM: fixed refresh interval; None: sample.refresh_every of the budget
     adaptive: float | None = None  # TADM: AdaptiveDrift threshold (changed fraction) instead of K
     ddpm_cache: bool = False
+    bypass_fusion: bool = False  # TADM: the fusion ablation, D(h) every step (TADMAdapter)
 
     def refresh_for(self, params: Params, steps: int) -> RefreshPolicy:
         if self.adaptive is not None:
@@ -129,7 +131,7 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
             refresh = run.refresh_for(params, steps) if model.model_type == "tadm" else None
             policy = repr(refresh) if refresh is not None else None
             settings = sampler_settings(run, params, steps, autocast)
-            adapter = stack.enter_context(make_adapter(model, refresh))
+            adapter = stack.enter_context(make_adapter(model, refresh, bypass_fusion=run.bypass_fusion))
 
             def one_batch(i: int):
                 return sample(adapter, dataclasses.replace(settings, seed=seeds[i]), num_samples=sizes[i],
@@ -158,6 +160,8 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
         "counters": c.as_dict(), "refreshes_per_trajectory": refreshes,
         "device": str(d.device), "precision": d.precision, "processes": d.world,
     }
+    if run.bypass_fusion:
+        record["bypass_fusion"] = True
     return tokens, record
 
 
@@ -190,6 +194,8 @@ def reusable_samples(run: SampleRun, params: Params, steps: int, saved_dir: str 
             "batch_seeds": [batch_seed(params.seed, i) for i in range(len(batch_sizes(cfg.num_samples, cfg.batch_size)))],
             "device": str(d.device), "precision": d.precision, "processes": d.world}
     if any(record.get(k) != v for k, v in json.loads(json.dumps(want)).items()):
+        return None
+    if bool(record.get("bypass_fusion", False)) != run.bypass_fusion:
         return None
     if record.get("model_sha256") != sha256_tree(run.model_dir):
         return None

@@ -12,6 +12,9 @@ Rows (paper Table 2; the sampler each one uses):
     adlm          ADLM, ReMDM-loop
     tadm_gamma0   TADM-dagger (gamma = 0), ReMDM-loop, anchor refreshed every K (sample.refresh_every)
     tadm          TADM-double-dagger (gamma = train.gamma), the same
+    tadm_nofusion TADM-double-dagger's model with the fusion bypassed (issue 31): the same anchor
+                  cache and K, but the denoiser reads the cached anchor as is, D(h), never the
+                  current canvas between refreshes (`TADMAdapter(bypass_fusion=True)`)
 
 Scoring (`Scorer`): MAUVE against `eval.reference_samples` held-out validation sequences (the
 first ones; the Data row takes the next `sample.num_samples`), Gen PPL with the evaluator
@@ -58,6 +61,7 @@ class Row:
     label: str
     model: str | None  # the training run under models/; None: the Data row
     sampler: str | None = None  # None: the profile's sample.sampler
+    bypass_fusion: bool = False  # TADM: the fusion ablation (SampleRun.bypass_fusion)
 
 
 ROWS: dict[str, Row] = {
@@ -71,6 +75,7 @@ ROWS: dict[str, Row] = {
     "adlm": Row("ADLM", "adlm", "remdm-loop"),
     "tadm_gamma0": Row("TADM† (γ=0)", "tadm_gamma0", "remdm-loop"),
     "tadm": Row("TADM‡ (γ=3e-3)", "tadm", "remdm-loop"),
+    "tadm_nofusion": Row("TADM‡, fusion bypassed", "tadm", "remdm-loop", bypass_fusion=True),
 }
 
 
@@ -108,13 +113,16 @@ class Scorer:
         # the evaluator is also the featurizer: one forward pass gives both (gen_ppl_and_features)
         self.joint = e.featurizer == e.evaluator
         from tadm.metrics.features import SMOLLM2
-        from tadm.metrics.trained_evaluator import TRAINED
 
-        # the featurizer's convention: the mean of a causal LM's final states for the offline
-        # evaluators (order-aware), MAUVE's last-token state for GPT-2 Large and other models
-        self.pooling = "mean" if e.featurizer in (SMOLLM2, TRAINED) else "last"
+        # the featurizer's convention: MAUVE's own (the last token's final state) for GPT-2 Large,
+        # the trained judge and other models; the mean of the final states for SmolLM2. The trained
+        # judge's mean-pooled features barely tell text from text shuffled within its lines (MAUVE
+        # 0.44 against the check's <= 0.1), its last-token features do (0.013; data vs data 0.946
+        # and 0.947): measured on the committed default judge, metrics/evaluator.json's checks
+        self.pooling = "mean" if e.featurizer == SMOLLM2 else "last"
         self._evaluator = self._featurizer = self._reference = self._reference_features = None
         self.reference_source: str | None = None  # "computed" or "cache", once the reference features are read
+        self.last_features: np.ndarray | None = None
 
     # ------------------------------------------------------------------ where and in what precision
 
@@ -278,13 +286,15 @@ class Scorer:
         reference = self.reference_features
         ppl, features = self._ppl_and_features(self.texts(tokens))
         entropy = sample_entropy(tokens)
-        metrics = {"mauve": float(mauve_score_features(features, reference)), "gen_ppl": float(ppl.ppl),
+        # MAUVE as released (ReMDM's eval: p = human text, q = samples)
+        metrics = {"mauve": float(mauve_score_features(reference, features)), "gen_ppl": float(ppl.ppl),
                    "entropy": float(entropy.mean()), "num_samples": len(tokens), "num_references": len(reference)}
         B = self.params.eval.bootstrap
         if B:
-            metrics |= {"mauve_se": bootstrap.mauve_se(features, reference, B),
+            metrics |= {"mauve_se": bootstrap.mauve_se(reference, features, B),
                         "gen_ppl_se": bootstrap.gen_ppl_se(ppl.nll, ppl.tokens, B),
                         "entropy_se": bootstrap.mean_se(entropy, B), "bootstrap": B}
+        self.last_features = features  # the samples' MAUVE features (run_row saves them for paired bootstraps)
         return metrics, ppl
 
     def score(self, tokens: np.ndarray) -> dict[str, float]:
@@ -307,11 +317,36 @@ def save_data_samples(tokens: np.ndarray, out_dir: Path, steps: int, start: int)
     return record
 
 
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+
+
 def save_gen_ppl(ppl, out_dir: Path, steps: int) -> None:
     """<out_dir>/T<steps>_gen_ppl.npy: (N, 2) float64, each sample's summed NLL (nats) and its
     number of scored evaluator tokens (its own PPL is exp(nll / tokens))."""
-    with atomic_path(Path(out_dir) / f"T{steps}_gen_ppl.npy") as tmp, open(tmp, "wb") as f:
-        np.save(f, np.stack([ppl.nll, ppl.tokens.astype(np.float64)], axis=1), allow_pickle=False)
+    _save_npy(Path(out_dir) / f"T{steps}_gen_ppl.npy", np.stack([ppl.nll, ppl.tokens.astype(np.float64)], axis=1))
+
+
+def save_features(features: np.ndarray, reference: np.ndarray, out_dir: Path, steps: int) -> None:
+    """<out_dir>/T<steps>_features.npy (N, d) and <out_dir>/reference_features.npy (the shared
+    references'), float32: what a paired bootstrap of two rows' MAUVE difference resamples
+    (`tadm.metrics.bootstrap.paired_mauve_diff`, the claims stage)."""
+    _save_npy(Path(out_dir) / f"T{steps}_features.npy", np.asarray(features, np.float32))
+    _save_npy(Path(out_dir) / "reference_features.npy", np.asarray(reference, np.float32))
+
+
+def load_paired(samples_dir: str | Path, T: int) -> dict[str, np.ndarray] | None:
+    """A row's saved per-sample scores at budget T: {"features", "reference", "nll", "tokens"}
+    (None when a file is missing)."""
+    d = Path(samples_dir)
+    files = {"features": d / f"T{T}_features.npy", "reference": d / "reference_features.npy",
+             "gen_ppl": d / f"T{T}_gen_ppl.npy"}
+    if not all(f.is_file() for f in files.values()):
+        return None
+    g = np.load(files["gen_ppl"], allow_pickle=False)
+    return {"features": np.load(files["features"], allow_pickle=False),
+            "reference": np.load(files["reference"], allow_pickle=False), "nll": g[:, 0], "tokens": g[:, 1]}
 
 
 def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path = "models",
@@ -354,7 +389,7 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
                 save_samples(tokens, record, out_dir, T)
         else:
             spec = SampleRun(name, checkpoint or str(Path(models_dir) / row.model), sampler or row.sampler, K=K,
-                             adaptive=adaptive)
+                             adaptive=adaptive, bypass_fusion=row.bypass_fusion)
             reused = reusable_samples(spec, params, T, Path(reuse_dir) / name, d) if reuse_dir is not None else None
             tokens, record = reused or draw_samples(spec, params, T, bos_id=bos_id, dist=d)
             if d.main:
@@ -364,6 +399,7 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
                 shared = (tokens, record, metrics, ppl)
         if d.main:
             save_gen_ppl(ppl, out_dir, T)
+            save_features(scorer.last_features, scorer.reference_features, out_dir, T)
         counters = record.get("counters", {})
         result["budgets"][str(T)] = {
             **metrics, "T": T, "sampler": record["sampler"], "policy": record.get("policy"),
@@ -408,4 +444,5 @@ def run_sweep(row: str, params: Params, scorer: Scorer, *, T: int | None = None,
     return results
 
 
-__all__ = ["ROWS", "Row", "Scorer", "run_row", "run_sweep", "validation_tokens", "save_gen_ppl"]
+__all__ = ["ROWS", "Row", "Scorer", "run_row", "run_sweep", "validation_tokens", "save_gen_ppl", "save_features",
+           "load_paired"]

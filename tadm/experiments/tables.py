@@ -2,6 +2,8 @@
 
     results/table2/<row>.json   one Table 2 row, every budget T   (tadm.experiments.table2.run_row)
     results/sweep/<name>.json   TADM at one T with refresh K (or the adaptive policy)
+    results/throughput.json     Table 2's tokens/s: every row timed in turns in one process
+                                (tadm.experiments.throughput; `read_throughput`)
 
 `table2_frame` / `sweep_frame` flatten them into pandas frames; `write_table` writes Markdown
 and CSV; `tradeoff_figure` plots quality against compute (seaborn), saved as PNG and PDF.
@@ -19,7 +21,8 @@ from tadm.io import atomic_path, atomic_write_text
 
 METRICS = ["mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"]
 # each metric's bootstrap uncertainty (tadm.metrics.bootstrap), shown as "value ± se" in Markdown
-SE = {"mauve": "mauve_se", "gen_ppl": "gen_ppl_se", "entropy": "entropy_se", "tokens_per_s": "tokens_per_s_se"}
+SE = {"mauve": "mauve_se", "gen_ppl": "gen_ppl_se", "entropy": "entropy_se", "tokens_per_s": "tokens_per_s_se",
+      "throughput_vs_adlm": "throughput_vs_adlm_se"}
 HEADERS = {"mauve": "MAUVE ↑", "gen_ppl": "Gen PPL ↓", "entropy": "Entropy", "layer_calls": "Compute (layer calls)",
            "tokens_per_s": "Throughput (tok/s)", "compute_vs_mdlm": "Compute vs MDLM",
            "throughput_vs_adlm": "Throughput vs ADLM"}
@@ -34,6 +37,43 @@ def read_results(directory: str | Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in files]
 
 
+def read_throughput(path: str | Path = "results/throughput.json") -> dict:
+    """The throughput stage's result; a one-line DataError naming the file when it is missing."""
+    from tadm.experiments import throughput
+
+    return throughput.load(path)
+
+
+def with_throughput(df: pd.DataFrame, throughput: dict, source: str = "results/throughput.json") -> pd.DataFrame:
+    """`df` (a `long_frame`) with tokens/s (± se) and throughput_vs_adlm (± se) from the throughput
+    stage instead of each row stage's own timing: the median over rounds and the median of the
+    paired per-round ratios (`tadm.experiments.throughput.paired_ratio`). A Table 2 row that samples
+    but was not timed there is a DataError (a stale results/throughput.json), never the row's own
+    number; rows without a model (Data) get none."""
+    from tadm.errors import DataError
+    from tadm.experiments.throughput import paired_ratio
+
+    cells = []  # (tokens/s, its se, ratio vs ADLM, its se) per line of df
+    for name, T in zip(df.row, df["T"]):
+        timed = throughput["budgets"].get(str(int(T)), {}).get("rows", {}).get(name)
+        if timed is None:
+            if name in ROWS and ROWS[name].model is not None:
+                raise DataError(f"{source} has no row {name!r} at T={int(T)}: rerun the throughput stage "
+                                "(`dvc repro throughput`)")
+            cells.append((None, None, None, None))
+            continue
+        try:
+            ratio, se = paired_ratio(throughput, int(T), name, "adlm")
+        except KeyError:  # ADLM not timed
+            ratio = se = None
+        cells.append((timed["tokens_per_s_median"], timed["tokens_per_s_se"], ratio, se))
+    df = df.copy()
+    columns = ["tokens_per_s", "tokens_per_s_se", "throughput_vs_adlm", "throughput_vs_adlm_se"]
+    for j, column in enumerate(columns):
+        df[column] = [c[j] for c in cells]
+    return df
+
+
 def long_frame(results: list[dict]) -> pd.DataFrame:
     """One line per (row, T) with every metric."""
     lines = []
@@ -45,19 +85,18 @@ def long_frame(results: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def table2_frame(results: list[dict]) -> pd.DataFrame:
+def table2_frame(results: list[dict], throughput: dict) -> pd.DataFrame:
     """Table 2: rows in the paper's order, (metric, T) columns, compute also relative to MDLM
-    and throughput relative to ADLM at the same T (the paper's normalisation: its 1.73x)."""
-    df = long_frame(results)
+    and throughput relative to ADLM at the same T (the paper's normalisation: its 1.73x).
+    Tokens/s and the ratio come from `throughput` (results/throughput.json, `read_throughput`):
+    every row timed in turns in one process, the ratio the median of paired per-round ratios."""
+    df = with_throughput(long_frame(results), throughput)
     mdlm = df[df.row == "mdlm"].set_index("T")["layer_calls"]
     df["compute_vs_mdlm"] = [lc / mdlm[T] if lc is not None and T in mdlm.index else None
                              for lc, T in zip(df.layer_calls, df["T"])]
-    adlm = df[df.row == "adlm"].set_index("T")["tokens_per_s"]
-    df["throughput_vs_adlm"] = [v / adlm[T] if v is not None and not pd.isna(v) and T in adlm.index else None
-                                for v, T in zip(df.tokens_per_s, df["T"])]
     order = [r for r in ROWS if r in set(df.row)] + sorted(set(df.row) - set(ROWS))
-    wide = df.pivot(index="row", columns="T", values=METRICS + ["compute_vs_mdlm", "throughput_vs_adlm"]
-                    + [SE[k] for k in METRICS if k in SE])
+    values = METRICS + ["compute_vs_mdlm", "throughput_vs_adlm"]
+    wide = df.pivot(index="row", columns="T", values=values + [SE[k] for k in values if k in SE])
     wide = wide.reindex(order)
     wide.index = [ROWS[r].label if r in ROWS else r for r in wide.index]
     wide.index.name = "Method"
@@ -86,11 +125,16 @@ def policy_label(policy: str) -> str:
     return policy
 
 
-def metrics_dict(results: list[dict]) -> dict[str, float]:
-    """Flat {"<row>_T<T>_<metric>": value} for `dvc metrics` (missing values left out)."""
+def metrics_dict(results: list[dict], throughput: dict | None = None) -> dict[str, float]:
+    """Flat {"<row>_T<T>_<metric>": value} for `dvc metrics` (missing values left out); with
+    `throughput` (results/throughput.json) tokens/s and throughput_vs_adlm are the throughput stage's."""
     out = {}
-    for r in long_frame(results).itertuples():
-        for m in ("mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"):
+    df = long_frame(results)
+    metrics = ["mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"]
+    if throughput is not None:
+        df, metrics = with_throughput(df, throughput), metrics + ["throughput_vs_adlm"]
+    for r in df.itertuples():
+        for m in metrics:
             v = getattr(r, m)
             if v is not None and not pd.isna(v):
                 out[f"{r.row}_T{r.T}_{m}"] = float(v)
@@ -194,5 +238,5 @@ def tradeoff_figure(table2: list[dict], sweep: list[dict] | None = None):
     return fig
 
 
-__all__ = ["read_results", "long_frame", "metrics_dict", "table2_frame", "sweep_frame", "to_markdown", "write_table", "save_figure",
+__all__ = ["read_results", "read_throughput", "with_throughput", "long_frame", "metrics_dict", "table2_frame", "sweep_frame", "to_markdown", "write_table", "save_figure",
            "tradeoff_figure"]

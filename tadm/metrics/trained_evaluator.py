@@ -5,15 +5,26 @@ and no hub evaluator (GPT-2 Large) is reachable offline. The `evaluator` stage t
 one causal LM on the training split of the packed corpus -- transformers' ``GPT2LMHeadModel``,
 so it loads through the same ``AutoModelForCausalLM`` path as GPT-2 Large, with the project
 tokenizer saved beside it -- and every sampling stage, the sweep and the Data row share it
-(``eval.evaluator: trained``, ``eval.featurizer: trained``: Gen PPL and the mean of its final
-states as MAUVE features, one forward pass for both).
+(``eval.evaluator: trained``, ``eval.featurizer: trained``: Gen PPL and its last token's final
+state as MAUVE features, MAUVE's own convention, one forward pass for both; its mean-pooled
+states barely told text from text shuffled within lines, `tadm.experiments.table2.Scorer`).
 
-A judge must tell text from non-text. After training the stage measures, on held-out text only,
-the checks the SmolLM2 evaluator passes in the test suite, and writes them with the validation
-NLL to ``metrics/evaluator.json``:
+A judge must be a better language model than the models it judges. ``metrics/evaluator.json``'s
+``val_nll`` is measured on the AR model's validation tokens with its normalisation
+(:func:`validation_nll`: the first train.eval_sequences sequences of the validation split, the
+summed NLL of positions 2..L over sequences x L tokens), so it compares directly with every
+``metrics/train/<model>.json`` val_nelbo (an upper bound on the diffusion models' NLL, the AR
+model's exact NLL); ``val_sequences``, ``val_tokens``, ``val_scored_tokens`` and ``val_nll_how``
+say on what. The default profile's judge is sized so that it sits below all of them
+(benchmarks/results/judge.md).
+
+A judge must also tell text from non-text. After training the stage measures, on held-out text
+only, the checks the SmolLM2 evaluator passes in the test suite, and writes them with the
+validation NLL to ``metrics/evaluator.json``:
 
     mauve_data_data      MAUVE(held-out texts, other held-out texts)       should be >= 0.9
     mauve_data_shuffled  MAUVE(held-out texts, their word-shuffled copies) should be <= 0.1
+                         (words shuffled within each line, newlines kept: :func:`word_shuffled`)
     shuffled_ppl_ratio_per_gpt2_token
                          Gen PPL(word-shuffled) / Gen PPL(held-out), both   should be >= 5
                          per GPT-2 token of the held-out texts
@@ -53,6 +64,7 @@ from tadm.errors import DataError
 from tadm.io import read_manifest, atomic_path, atomic_write_json, sha256_file
 
 TRAINED = "trained"
+BETAS = (0.9, 0.95)  # AdamW's: beta2 0.95 as train.betas (benchmarks/results/judge.md)
 MODEL_DIR = Path("models/evaluator")
 CHECKPOINTS = Path("checkpoints/evaluator")
 METRICS = Path("metrics/evaluator.json")
@@ -89,27 +101,58 @@ def learning_rate(step: int, p: Params) -> float:
     return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+# how metrics/evaluator.json's val_nll is computed: the AR model's val_nelbo, token for token
+VAL_NLL_HOW = ("summed next-token NLL of positions 2..L over the first train.eval_sequences sequences of "
+               "data/packed/validation, divided by all their tokens (sequences x L) -- the AR model's val_nelbo "
+               "(tadm.train.trainer.evaluate, losses.ar_nll)")
+
+
 @torch.no_grad()
-def validation_nll(model, data: PackedTokens, count: int, batch: int, device) -> float:
-    """Mean next-token NLL (nats) over the first `count` validation sequences."""
+def validation_nll(model, data: PackedTokens, count: int, batch: int, device) -> tuple[float, int, int]:
+    """(nll, tokens, scored): the summed next-token NLL (nats) of the first `count` validation
+    sequences divided by all their `tokens` (sequences x L), of which `scored` (the first token of
+    each sequence has no prediction) -- the normalisation of the trainer's val_nelbo for the AR
+    model (:func:`tadm.train.trainer.evaluate` with train.eval_sequences), so the two compare
+    directly on the same tokens."""
     model.eval()
-    total, tokens = 0.0, 0
-    for lo in range(0, min(count, len(data)), batch):
-        x = torch.stack([torch.from_numpy(data[i]) for i in range(lo, min(count, len(data), lo + batch))]).to(device)
+    total, tokens, scored = 0.0, 0, 0
+    n = min(count, len(data))
+    for lo in range(0, n, batch):
+        x = torch.stack([torch.from_numpy(data[i]) for i in range(lo, min(n, lo + batch))]).to(device)
         logits = model(input_ids=x).logits[:, :-1].float()
         total += float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="sum"))
-        tokens += x[:, 1:].numel()
+        tokens += x.numel()
+        scored += x[:, 1:].numel()
     model.train()
-    return total / tokens
+    return total / tokens, tokens, scored
+
+
+def train_step(model, opt, x: torch.Tensor, lr: float) -> float:
+    """One optimiser step on the batch `x` (next-token cross-entropy); the loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    logits = model(input_ids=x).logits[:, :-1]
+    loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), x[:, 1:])
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
 
 
 def word_shuffled(texts: list[str], seed: int) -> list[str]:
-    """Each text's whitespace-separated words in a random order (seeded per text)."""
+    """Each text with the whitespace-separated words of every line in a random order (seeded per
+    text), joined by single spaces; the newlines stay where they were, so the control changes word
+    order only, not the layout (a judge must not pass by spotting missing line breaks)."""
     out = []
     for i, t in enumerate(texts):
-        words = t.split()
-        random.Random(seed * 1_000_003 + i).shuffle(words)
-        out.append(" ".join(words))
+        rng = random.Random(seed * 1_000_003 + i)
+        lines = []
+        for line in t.split("\n"):
+            words = line.split()
+            rng.shuffle(words)
+            lines.append(" ".join(words))
+        out.append("\n".join(lines))
     return out
 
 
@@ -138,8 +181,9 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
     with torch.device(d.device):
         model = build(p, meta["vocab_size"], meta["seq_len"], meta["bos_id"], meta["eos_id"])
     names = [n for n, _ in model.named_parameters()]
-    opt = adamw(model.parameters(), d.device, lr=c.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
-    settings = {"name": "evaluator", "seed": p.seed, "trained": dataclasses.asdict(c), "data": sha256_file(manifest)}
+    opt = adamw(model.parameters(), d.device, lr=c.lr, betas=BETAS, eps=1e-8, weight_decay=0.0)
+    settings = {"name": "evaluator", "seed": p.seed, "trained": dataclasses.asdict(c), "betas": list(BETAS),
+                "data": sha256_file(manifest)}
     state = resume_state(CHECKPOINTS, names, settings, steps=c.steps, steps_key="eval.trained.steps", restart=restart,
                          hint="`python -m tadm evaluator --restart`", d=d, log=log)
     start = 0
@@ -152,15 +196,8 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
     fp = checkpoint.fingerprint(settings)
     model.train()
     for step in tqdm(range(start, c.steps), initial=start, total=c.steps, desc="train[evaluator]", unit="step"):
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, p)
         x = torch.stack([torch.from_numpy(train_data[i]) for i in batches.indices(step)]).to(d.device)
-        logits = model(input_ids=x).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), x[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, x, learning_rate(step, p))
         done = step + 1
         if done % c.checkpoint_every == 0 or done == c.steps:
             sd = model.state_dict()  # no EMA: the live weights fill both slots of the checkpoint layout
@@ -171,9 +208,11 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
     with atomic_path(MODEL_DIR) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-    nll = validation_nll(model, valid, p.eval.reference_samples + p.sample.num_samples, c.batch_size, d.device)
+    nll, tokens, scored = validation_nll(model, valid, p.train.eval_sequences, c.batch_size, d.device)
     out = {"run": "evaluator", "steps": c.steps, "parameters": sum(t.numel() for t in model.parameters()),
-           "val_nll": nll, "val_ppl": math.exp(nll), "unigram_entropy": valid.unigram_entropy(),
+           "val_nll": nll, "val_ppl": math.exp(nll), "val_sequences": min(p.train.eval_sequences, len(valid)),
+           "val_tokens": tokens, "val_scored_tokens": scored, "val_nll_how": VAL_NLL_HOW,
+           "unigram_entropy": valid.unigram_entropy(),
            **sanity(p, tokenizer, data_dir, d)}
     atomic_write_json(METRICS, out)
     return out
@@ -195,8 +234,8 @@ def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
     gpt2 = build_gpt2()
     gpt2_tokens = sum(len(gpt2(t)["input_ids"]) for t in data_texts)
     words = sum(len(t.split()) for t in data_texts)  # the same words as the shuffled texts
-    checks = {"mauve_data_data": mauve_score_features(real_features, ref),
-              "mauve_data_shuffled": mauve_score_features(shuf_features, ref),
+    checks = {"mauve_data_data": mauve_score_features(ref, real_features),  # p = references, as released
+              "mauve_data_shuffled": mauve_score_features(ref, shuf_features),
               "shuffled_ppl_ratio_per_gpt2_token": real_ppl.ratio_per(shuf_ppl, gpt2_tokens),
               "shuffled_ppl_ratio": shuf_ppl.ppl / real_ppl.ppl,
               "shuffled_ppl_ratio_per_word": real_ppl.ratio_per(shuf_ppl, words),
@@ -207,4 +246,5 @@ def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
             "sanity_passed": passed, "sanity_all_passed": all(passed.values())}
 
 
-__all__ = ["TRAINED", "MODEL_DIR", "resolve", "build", "train", "sanity", "word_shuffled", "validation_nll"]
+__all__ = ["TRAINED", "MODEL_DIR", "resolve", "build", "train", "train_step", "sanity", "word_shuffled",
+           "validation_nll", "VAL_NLL_HOW"]

@@ -6,10 +6,11 @@
     D   denoiser network   = denoiser_layers DiT blocks + LM head:  logits = D(h~)
 
 At inference the expensive ``anchor`` runs once every K reverse steps and ``denoise`` runs every
-step with the cached h. ``anchor_head`` (a final layer on h_t') exists only for the optional
-anchor cross-entropy of TADM-double-dagger; it is not part of the inference network
-(``inference_parameters``). A and D each have their own constant conditioning vector, as the
-two DiTs of ADLM do; the anchor head uses the anchor's.
+step with the cached h. ``denoise(z_t, h, fusion=False)`` is the fusion ablation: D(h), the
+(stale) anchor read as is by the same denoiser, Phi and S(z_t) skipped. ``anchor_head`` (a
+final layer on h_t') exists only for the optional anchor cross-entropy of TADM-double-dagger;
+it is not part of the inference network (``inference_parameters``). A and D each have their own
+constant conditioning vector, as the two DiTs of ADLM do; the anchor head uses the anchor's.
 """
 
 from __future__ import annotations
@@ -46,21 +47,33 @@ class TADM(TadmModel):
         """S + A on the (stale) state z_t' (B, L) -> anchor h_t' (B, L, d). The cached state."""
         return self.anchor_blocks(self.embed(z_tprime), self.anchor_cond())
 
-    def denoise_hidden(self, z_t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def denoise_hidden(self, z_t: torch.Tensor, h: torch.Tensor, *, fusion: bool = True) -> torch.Tensor:
         """S, Phi and D's blocks: current state z_t (B, L) and a cached anchor h (B, L, d) ->
-        the denoiser's last hidden states (B, L, d)."""
+        the denoiser's last hidden states (B, L, d).
+
+        ``fusion=False`` is the fusion ablation ("fusion bypassed", issue 31): Phi and S(z_t) are
+        skipped and D's blocks read the anchor as is, D(h). No weight is touched or replaced (the
+        same denoiser, conditioning and head); z_t is then only checked for its shape: between
+        refreshes the denoiser does not see the current canvas at all, only the canvas the anchor
+        was computed on (through h)."""
         if h.shape[:2] != z_t.shape:
             raise ValueError(f"anchor h has shape {tuple(h.shape)}, expected {tuple(z_t.shape)} + (d,) for z_t")
-        return self.denoiser_blocks(self.fusion(self.embed(z_t), h), self.denoiser_cond())
+        return self.denoiser(self.fusion(self.embed(z_t), h) if fusion else h)
+
+    def denoiser(self, x: torch.Tensor) -> torch.Tensor:
+        """D's blocks alone on a representation x (B, L, d): a fused h~, or an anchor as is (the
+        fusion bypassed) -> the denoiser's last hidden states (B, L, d)."""
+        return self.denoiser_blocks(x, self.denoiser_cond())
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """D's LM head on hidden states (..., N, d) -> logits (..., N, V+1); samplers apply it
         only to the positions they read."""
         return self.final(x, self.denoiser_cond())
 
-    def denoise(self, z_t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """S, Phi and D: current state z_t (B, L) and a cached anchor h (B, L, d) -> logits (B, L, V+1)."""
-        return self.head(self.denoise_hidden(z_t, h))
+    def denoise(self, z_t: torch.Tensor, h: torch.Tensor, *, fusion: bool = True) -> torch.Tensor:
+        """S, Phi and D: current state z_t (B, L) and a cached anchor h (B, L, d) -> logits (B, L, V+1);
+        ``fusion=False``: D(h), the fusion bypassed (`denoise_hidden`)."""
+        return self.head(self.denoise_hidden(z_t, h, fusion=fusion))
 
     def hidden(self, z_t: torch.Tensor, z_tprime: torch.Tensor) -> torch.Tensor:
         """The full network up to D's head: denoise_hidden(z_t, anchor(z_t')) (B, L, d)."""

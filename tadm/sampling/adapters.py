@@ -15,7 +15,9 @@ whatever state the model carries across steps:
                   every position, since the denoiser reads its distribution everywhere)
 - `TADMAdapter`   Alg. 1: h = A(S(z_t)) when the refresh policy says so (cached in an
                   `AnchorCache`), then D(Phi(S(z_t), h)) every step (6 layers + the anchor's 12
-                  once per refresh)
+                  once per refresh). `bypass_fusion=True` is the fusion ablation: the same cache
+                  and policy, but D(h) every step (Phi and S(z_t) skipped, no weight changed), so
+                  between refreshes the denoiser never sees the current canvas
 
 LM head only where needed: the output projection (d x (V+1), about a quarter of a step's FLOPs
 at the paper's size) is applied by `project` to the rows the sampler will read, the positions
@@ -156,13 +158,19 @@ class ADLMAdapter(Adapter):
 
 
 class TADMAdapter(Adapter):
-    """Alg. 1 with a refresh policy; `refresh=None` is FixedInterval(1) (a fresh anchor every step)."""
+    """Alg. 1 with a refresh policy; `refresh=None` is FixedInterval(1) (a fresh anchor every step).
+
+    `bypass_fusion=True` (Table 2's "fusion bypassed" ablation): every step serves D(h) instead of
+    D(Phi(S(z_t), h)) -- the cached anchor reused as is by the same denoiser, refreshed by the
+    same policy (`TADM.denoise_hidden(..., fusion=False)`). Even at a refresh step (age 0) the
+    fusion is skipped, so with K = 1 it still differs from TADM."""
 
     model_type = "tadm"
 
-    def __init__(self, model: TadmModel, refresh: RefreshPolicy | None = None):
+    def __init__(self, model: TadmModel, refresh: RefreshPolicy | None = None, bypass_fusion: bool = False):
         super().__init__(model)
         self.refresh = refresh if refresh is not None else FixedInterval(1)
+        self.bypass_fusion = bool(bypass_fusion)
         self.policy: RefreshPolicy | None = None  # resolved for the run's T by start()
         self.cache = AnchorCache()
         self._decision: tuple[Tensor, int, bool] | None = None  # (canvas, step, due) from `decide`
@@ -200,6 +208,8 @@ class TADMAdapter(Adapter):
             shallow = self.shallow(z_t) if self.policy.uses_shallow else None
             self.cache.store(self.model.anchor(z_t), step, z_t, shallow)
         h = self.cache.serve(step, self.policy.max_age)
+        if self.bypass_fusion:
+            return self.model.denoise_hidden(z_t, h, fusion=False)
         return self.model.denoise_hidden(z_t, h)
 
     def can_reuse(self, z_t: Tensor, step: int) -> bool:
@@ -214,8 +224,9 @@ ADAPTERS: dict[str, type[Adapter]] = {"mdlm": MDLMAdapter, "adlm": ADLMAdapter, 
                                       "sedd": SEDDAdapter}
 
 
-def make_adapter(model: TadmModel, refresh: RefreshPolicy | None = None) -> Adapter:
-    """The adapter for a loaded model; `refresh` (TADM only) is its anchor refresh policy."""
+def make_adapter(model: TadmModel, refresh: RefreshPolicy | None = None, *, bypass_fusion: bool = False) -> Adapter:
+    """The adapter for a loaded model; `refresh` (TADM only) is its anchor refresh policy and
+    `bypass_fusion` (TADM only) samples D(h), the fusion skipped (`TADMAdapter`)."""
     kind = model.model_type
     if kind not in ADAPTERS:
         raise ValueError(
@@ -223,7 +234,9 @@ def make_adapter(model: TadmModel, refresh: RefreshPolicy | None = None) -> Adap
             "AR samples with its own loop, tadm.sampling.ar.sample_ar"
         )
     if kind == "tadm":
-        return TADMAdapter(model, refresh)
+        return TADMAdapter(model, refresh, bypass_fusion=bypass_fusion)
+    if bypass_fusion:
+        raise ValueError(f"bypass_fusion only applies to TADM, not to {kind!r}")
     if refresh is not None:
         raise ValueError(f"a refresh policy only applies to TADM, not to {kind!r}")
     return ADAPTERS[kind](model)

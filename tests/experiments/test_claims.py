@@ -209,6 +209,11 @@ def test_a_judge_weaker_than_a_model_it_judges_makes_its_findings_not_testable(r
     _evaluator(root, 2.20)
     got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
     assert got["mauve_tadm_gamma0_vs_remdm"].verdict == C.REPRODUCED
+    _evaluator(root, 2.20, ratio=4.0)  # a judge deaf to word order in Gen PPL: only the Gen PPL findings fall
+    got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
+    assert got["genppl_tadm_vs_remdm"].verdict == C.NOT_TESTABLE and "shuffled_ppl_ratio" in got["genppl_tadm_vs_remdm"].notes
+    assert got["mauve_tadm_gamma0_vs_remdm"].verdict == C.REPRODUCED
+    _evaluator(root, 2.20)
     _train(root, "tadm", 3.9, 0.4)  # TADM above its quality line: its findings cannot be tested
     got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
     assert got["mauve_tadm_vs_remdm"].verdict == C.NOT_TESTABLE and "tadm:" in got["mauve_tadm_vs_remdm"].notes

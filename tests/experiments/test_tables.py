@@ -10,7 +10,8 @@ def test_markdown_cells_carry_their_uncertainty_and_csv_keeps_numbers(tmp_path):
     results = [{"row": "mdlm", "label": "MDLM", "budgets": {"64": {
         "mauve": 0.6512, "mauve_se": 0.0213, "gen_ppl": 81.234, "gen_ppl_se": 2.5, "entropy": 4.01, "entropy_se": None,
         "layer_calls": 256, "tokens_per_s": 1000.0, "tokens_per_s_se": 12.0, "policy": None, "sampler": "mdlm"}}}]
-    wide = tables.table2_frame(results)
+    timed = {"budgets": {"64": {"rows": {"mdlm": {"tokens_per_s_median": 1000.0, "tokens_per_s_se": 12.0}}}}}
+    wide = tables.table2_frame(results, timed)
     shown = tables.with_uncertainty(wide)
     assert shown.loc["MDLM", ("mauve", 64)] == "0.651 ± 0.021"
     assert shown.loc["MDLM", ("gen_ppl", 64)] == "81.2 ± 2.5"
@@ -23,12 +24,20 @@ def test_markdown_cells_carry_their_uncertainty_and_csv_keeps_numbers(tmp_path):
 
 
 def test_throughput_is_also_shown_relative_to_adlm_at_the_same_budget():
+    """From the throughput stage (tests/experiments/test_throughput.py: paired per-round ratios)."""
+    from tadm.experiments import throughput
+
     def row(name, tps):
         return {"row": name, "label": name.upper(), "budgets": {str(T): {
             "mauve": None, "gen_ppl": None, "entropy": None, "layer_calls": 1, "tokens_per_s": tps * T / 64,
             "policy": None, "sampler": "mdlm"} for T in (64, 128)}}
 
-    wide = tables.table2_frame([row("adlm", 100.0), row("tadm", 173.0), row("data", float("nan"))])
+    timed = {"budgets": {}}
+    for T in (64, 128):
+        budget = timed["budgets"][str(T)] = {"rows": {name: {"tokens": 64, "seconds": [64 / (tps * T / 64)] * 3}
+                                                      for name, tps in (("adlm", 100.0), ("tadm", 173.0))}}
+        throughput.summarize(budget)
+    wide = tables.table2_frame([row("adlm", 100.0), row("tadm", 173.0), row("data", float("nan"))], timed)
     assert wide.loc["ADLM", ("throughput_vs_adlm", 64)] == 1.0
     assert abs(wide.loc["TADM‡ (γ=3e-3)", ("throughput_vs_adlm", 128)] - 1.73) < 1e-12
     assert pd.isna(wide.loc["Data", ("throughput_vs_adlm", 64)])

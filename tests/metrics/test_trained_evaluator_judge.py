@@ -1,0 +1,49 @@
+"""The judge's controls and its validation figure: the word-shuffled control permutes words
+within each line and keeps the layout (newlines), and the validation NLL is normalised as the
+AR model's val_nelbo (same sequences, summed NLL over sequences x L tokens), so
+metrics/evaluator.json's val_nll compares directly with metrics/train/<model>.json."""
+
+import numpy as np
+import pytest
+import torch
+
+from tadm import config
+from tadm.losses import ar_nll
+from tadm.metrics import trained_evaluator as te
+
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n")
+
+
+def test_word_shuffle_keeps_every_newline_and_each_lines_words():
+    texts = [TEXT, "one line only with several words in it", "\n\nlead and trail\n"]
+    out = te.word_shuffled(texts, seed=0)
+    for t, s in zip(texts, out):
+        assert s.count("\n") == t.count("\n")  # the old control joined all words by spaces: no newline left
+        assert [sorted(line.split()) for line in s.split("\n")] == [sorted(line.split()) for line in t.split("\n")]
+    assert out != [" ".join(t.split()) for t in texts]
+    # words do move within lines
+    assert any(a.split() != b.split() for a, b in zip(out[0].split("\n"), TEXT.split("\n")))
+    assert te.word_shuffled(texts, seed=0) == out
+
+
+def test_word_shuffle_moves_no_word_across_lines():
+    text = "\n".join(f"a{i} b{i} c{i} d{i}" for i in range(20))
+    for seed in range(5):
+        for i, line in enumerate(te.word_shuffled([text], seed)[0].split("\n")):
+            assert {w[1:] for w in line.split()} == {str(i)}
+
+
+def test_validation_nll_is_the_ar_models_val_nelbo_normalisation():
+    p = config.override(config.load(config.PROFILES_DIR / "default.yaml"),
+                        {"eval.trained.d_model": 16, "eval.trained.n_layers": 1, "eval.trained.n_heads": 2})
+    torch.manual_seed(0)
+    model = te.build(p, vocab=50, seq_len=12, bos_id=0, eos_id=0)
+    rng = np.random.default_rng(0)
+    data = [rng.integers(0, 50, 12).astype(np.int64) for _ in range(7)]  # int64 rows, as PackedTokens
+    nll, tokens, scored = te.validation_nll(model, data, count=5, batch=2, device=torch.device("cpu"))
+    assert (tokens, scored) == (5 * 12, 5 * 11)  # the first 5 sequences; all tokens in the denominator
+    x = torch.stack([torch.from_numpy(d) for d in data[:5]])
+    with torch.no_grad():
+        want = float(ar_nll(model(input_ids=x).logits, x).sum()) / x.numel()  # tadm.train.trainer.evaluate's figure
+    assert nll == pytest.approx(want, rel=1e-5)

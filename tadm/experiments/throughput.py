@@ -35,7 +35,7 @@ results/throughput.json (``FORMAT`` 1)::
      "rows": [row, ...],                      # the timed rows, in ROWS order
      "references": ["adlm", "mdlm"],          # the rows every ratio is also given against
      "rounds": R, "batch": b, "seq_len": L,   # R rounds of one b-sequence batch per row and budget
-     "seed": s, "device": "cpu", "precision": "bf16", "autocast": "bf16"|"fp32",
+     "seed": s, "device": <the device, e.g. cuda:0>, "precision": "bf16", "autocast": "bf16"|"fp32",
      "threads": torch threads, "processes": 1,
      "warmup": {"T": first budget, "seconds": {row: s}},
      "schedule": [[round, T, row], ...],      # every timed call, in the order it ran

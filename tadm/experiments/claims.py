@@ -455,7 +455,7 @@ def _table2_findings(inp: Inputs, pre: list[dict], rules: Rules) -> list[Claim]:
             ratio = se = None
         if ratio is not None:
             c.value, c.se = ratio - 1.0, se
-            c.n = len(inp.throughput["budgets"][str(T1)]["rounds"]) if "rounds" in inp.throughput["budgets"][str(T1)] else None
+            c.n = inp.throughput.get("rounds")
             pos = paper_position(ratio, se, 1.73, rules=rules)
             c.shown = _fmt(ratio, se, 2, "x") + f" (T = {T1}, K = {inp.refresh(T1)}); 1.73x {pos}"
             c.verdict = magnitude(ratio, se, 1.0, 1.73, rules)

@@ -20,7 +20,9 @@ embeddings into next-state logits, and counts what that cost:
 - `LladaBackend`: LLaDA (`tadm.models.llada`, e.g. the released LLaDA-8B-Instruct), the seed
   paper's own model family. Absorbing-state like MDLM: undecided positions hold LLaDA's mask
   token (126336 in the release), the whole network runs every pass, no anchor. The mask token is
-  a row of LLaDA's vocabulary, so its logit is set to -inf (it is never chosen as a token).
+  a row of LLaDA's vocabulary, so its logit is set to -inf (it is never chosen as a token). A
+  left-padded batch sets its padding mask (`set_padding`) so that no position attends to a pad,
+  as the release's ``generate`` passes ``attention_mask``.
 """
 
 from __future__ import annotations
@@ -225,6 +227,15 @@ class LladaBackend(_MaskTokenBackend):
     in the canvas; `refresh_every` must be 1 (no anchor to reuse). LLaDA is trained to predict
     masked positions only (`reads_decided` False)."""
 
+    def __init__(self, model, refresh_every: int = 1):
+        super().__init__(model, refresh_every)
+        self._padding: Tensor | None = None
+
+    def set_padding(self, attention_mask: Tensor | None) -> None:
+        """The current batch's padding mask (B, L) (1 at a token, 0 at a pad; None: no padding),
+        passed to every pass until the next call: each batch sets its own."""
+        self._padding = attention_mask
+
     def _check(self, model) -> None:
         if getattr(model, "model_type", None) != "llada":
             raise ConfigError("asrd model", f"LladaBackend runs a LLaDA model, got {type(model).__name__}")
@@ -235,7 +246,7 @@ class LladaBackend(_MaskTokenBackend):
     @torch.no_grad()
     def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:
         e = self._input_embeds(ids, delta)
-        out = self.model(inputs_embeds=e).float()
+        out = self.model(inputs_embeds=e, attention_mask=self._padding).float()
         out[..., self.mask_id] = float("-inf")
         self._advance(False)
         self.counters.layer_calls += self.model.n_layers

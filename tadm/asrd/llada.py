@@ -12,10 +12,12 @@ of the comparison runs on LLaDA unchanged:
   appended), followed by ``asrd.llada_gen_tokens`` positions to generate, as in LLaDA's
   ``generate``;
 - a batch: prompts of different lengths are left-padded with the EOS / pad token to the
-  longest in the batch so the generated span starts at one position. LLaDA's released network
-  has no padding mask (it attends to everything), so padded rows see the pad tokens; with
-  ``asrd.llada_batch_size: 1`` every prompt is decoded exactly as the release's ``generate``
-  would see it;
+  longest in the batch so the generated span starts at one position, and the batch's padding
+  mask (0 at a pad) goes to every model pass (`LladaBackend.set_padding`), as the current
+  release's ``generate`` passes the tokenizer's ``attention_mask``: no position attends to a pad,
+  and rotary positions are the canvas positions, unshifted, as in the release. A padded row
+  decodes as the prompt alone would (greedy; tested) up to rounding; with
+  ``asrd.llada_batch_size: 1`` nothing is padded and the mask is not applied at all;
 - a completion: the generated tokens up to the first EOS or end-of-turn token, decoded
   without special tokens, scored by the benchmark's scorer.
 
@@ -100,9 +102,10 @@ class LladaRunner(_Batches):
     def backend(self, refresh_every: int) -> Backend:
         return LladaBackend(self.model, refresh_every)
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(canvas (B, P + G) long, region (P + G,) bool): left-padded chat prompts, then the
-        G = asrd.llada_gen_tokens positions to generate (the mask token)."""
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(canvas (B, P + G) long, region (P + G,) bool, attention mask (B, P + G) bool):
+        left-padded chat prompts, then the G = asrd.llada_gen_tokens positions to generate (the
+        mask token); the attention mask is False exactly at the pads."""
         from tadm.models.llada import chat_ids
 
         ids = [chat_ids(self.tok, text) for text in prompts]
@@ -111,12 +114,14 @@ class LladaRunner(_Batches):
         if width + self.gen > limit:
             raise DataError(f"LLaDA: a prompt of {width} tokens + {self.gen} generated exceeds max_sequence_length {limit}")
         canvas = torch.full((len(ids), width + self.gen), self.model.mask_id, dtype=torch.long, device=runtime.CPU)
+        attention = torch.ones(canvas.shape, dtype=torch.bool, device=runtime.CPU)
         for row, seq in enumerate(ids):
             canvas[row, : width - len(seq)] = self.pad
+            attention[row, : width - len(seq)] = False
             canvas[row, width - len(seq): width] = torch.tensor(seq, dtype=torch.long)
         region = torch.zeros(width + self.gen, dtype=torch.bool, device=runtime.CPU)
         region[width:] = True
-        return canvas, region
+        return canvas, region, attention
 
     def completions(self, tokens: torch.Tensor, region: torch.Tensor) -> list[str]:
         """The generated span of each row, up to the first EOS / end-of-turn, as text."""
@@ -131,7 +136,9 @@ class LladaRunner(_Batches):
         `run_interleaved`: batches split over the processes of the runner's dist)."""
 
         def decode_batch(lo: int):
-            canvas, region = self.encode(task.prompts[lo: lo + self.batch])
+            canvas, region, attention = self.encode(task.prompts[lo: lo + self.batch])
+            # each batch its own padding; None when nothing is padded (the unmasked pass, no check per pass)
+            backend.set_padding(None if bool(attention.all()) else attention.to(backend.device))
             r = decode(backend, canvas, region, settings)
             return r, self.completions(r.tokens, region), len(canvas) * self.gen
 

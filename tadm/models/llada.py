@@ -7,12 +7,25 @@ network whose parameter names and shapes are those of the release's safetensors,
 released files load into it directly (no pickle, no remote code).
 
 Architecture (the release's ``LLaDALlamaBlock``, ``block_type: llama``): a LLaMA-style
-pre-norm transformer *without* a causal mask (every position attends to every position; the
-release's attention is called with no mask at all, so padding is attended to), RMSNorm (statistics in float32), rotary embeddings
-over the full head dimension (half-split rotation, base ``rope_theta``, in float32 when
-``rope_full_precision``), grouped-query attention (``n_kv_heads``), and a SwiGLU MLP
-``ff_out(silu(ff_proj(x)) * up_proj(x))``. The mask token is ``mask_token_id`` (126336 in the
-release), an ordinary row of the vocabulary.
+pre-norm transformer *without* a causal mask (every position attends to every position),
+RMSNorm (statistics in float32), rotary embeddings over the full head dimension (half-split
+rotation, base ``rope_theta``, in float32 when ``rope_full_precision``), grouped-query attention
+(``n_kv_heads``), and a SwiGLU MLP ``ff_out(silu(ff_proj(x)) * up_proj(x))``. The mask token is
+``mask_token_id`` (126336 in the release), an ordinary row of the vocabulary.
+
+Padding, as the current release: ``model(ids, attention_mask=m)`` with ``m`` (B, L), 1 at a real
+token and 0 at a pad, keeps every query from attending to a pad key (a key-padding mask; the
+pad positions' own outputs are computed but meaningless). The release's ``modeling_llada.py``
+(since ML-GSAI/LLaDA issue #90 and hub discussion #13; read in public copies of the hub file)
+turns such a mask into an additive
+bias of the dtype's minimum on the pad keys, and only when the mask has a zero: a mask of all
+ones, like no mask, runs the unmasked attention (here too: bit-identical to ``attention_mask=None``);
+its ``generate.py`` passes the tokenizer's mask of a left-padded batch, extended with ones over the
+generated span. Rotary positions are not shifted for padding: a left-padded row's tokens sit at
+their canvas positions 0..L-1, pads included, as in the release (its rotary embedding indexes
+positions by sequence offset and takes no position ids). Because RoPE scores depend only on
+position differences and no real position attends to a pad, a left-padded row computes the same
+function as the row alone; only the rounding of the rotation angles differs (tested).
 
 Tensor names (``model.`` is the HF wrapper's ``base_model_prefix``; N = 0 .. n_layers-1)::
 
@@ -203,6 +216,28 @@ def rotary(x: Tensor, theta: float, full_precision: bool) -> Tensor:
     return out.to(x.dtype)
 
 
+def padding_keys(attention_mask: Tensor | None, shape: tuple[int, int], device: torch.device) -> Tensor | None:
+    """The attention's key mask (B, 1, 1, L) bool from a padding mask (B, L) of 0 / 1 (or bool):
+    None when there is no mask or it has no zero (the release skips its bias then too). A row
+    with no real token is refused: its positions would attend to nothing."""
+    if attention_mask is None:
+        return None
+    if tuple(attention_mask.shape) != shape:
+        raise ValueError(f"LladaModel: attention_mask has shape {tuple(attention_mask.shape)}, "
+                         f"the input is {shape} (batch, length)")
+    if attention_mask.dtype != torch.bool:
+        if attention_mask.is_floating_point() or attention_mask.is_complex():
+            raise ValueError(f"LladaModel: attention_mask must be bool or integer 0 / 1, got {attention_mask.dtype}")
+        if ((attention_mask != 0) & (attention_mask != 1)).any():
+            raise ValueError("LladaModel: attention_mask must hold only 0 (pad) and 1 (token)")
+    keep = attention_mask.to(device=device, dtype=torch.bool)
+    if bool(keep.all()):
+        return None
+    if not bool(keep.any(dim=1).all()):
+        raise ValueError("LladaModel: attention_mask has a row with no 1 (no token to attend to)")
+    return keep[:, None, None, :]
+
+
 class LladaBlock(nn.Module):
     """One pre-norm block: bidirectional GQA attention with RoPE, then the SwiGLU MLP."""
 
@@ -221,7 +256,9 @@ class LladaBlock(nn.Module):
         self.up_proj = nn.Linear(d, hidden, bias=bias)
         self.ff_out = nn.Linear(hidden, d, bias=bias)
 
-    def attention(self, x: Tensor) -> Tensor:
+    def attention(self, x: Tensor, keys: Tensor | None = None) -> Tensor:
+        """Self-attention of x (B, L, d); `keys` (B, 1, 1, L) bool, False at a pad key, or None
+        (every key attended, the unpadded path)."""
         cfg = self.cfg
         b, length, _ = x.shape
         q = self.q_proj(x).view(b, length, cfg.n_heads, cfg.head_dim).transpose(1, 2)
@@ -232,11 +269,13 @@ class LladaBlock(nn.Module):
         if cfg.kv_heads != cfg.n_heads:  # each kv head serves n_heads / kv_heads consecutive query heads
             k = k.repeat_interleave(cfg.n_heads // cfg.kv_heads, dim=1)
             v = v.repeat_interleave(cfg.n_heads // cfg.kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False)  # no mask at all
+        # bidirectional; with padding, a boolean key mask (a masked key's weight is exactly 0, as the
+        # release's dtype-minimum bias gives)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, is_causal=False)
         return self.attn_out(out.transpose(1, 2).reshape(b, length, cfg.d_model))
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attention(self.attn_norm(x))
+    def forward(self, x: Tensor, keys: Tensor | None = None) -> Tensor:
+        x = x + self.attention(self.attn_norm(x), keys)
         h = self.ff_norm(x)
         return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
 
@@ -290,12 +329,17 @@ class LladaModel(nn.Module):
     def embed(self, ids: Tensor) -> Tensor:
         return self.transformer["wte"](ids)
 
-    def forward(self, ids: Tensor | None = None, inputs_embeds: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor | None = None, inputs_embeds: Tensor | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """Logits of `ids` (B, L) or `inputs_embeds` (B, L, d). `attention_mask` (B, L): 1 (True)
+        at a real token, 0 at a pad that no position may attend to; None or all ones: no masking
+        (the same computation, bit for bit)."""
         if (ids is None) == (inputs_embeds is None):
             raise ValueError("LladaModel: pass exactly one of ids and inputs_embeds")
         x = self.embed(ids) if inputs_embeds is None else inputs_embeds
+        keys = padding_keys(attention_mask, tuple(x.shape[:2]), x.device)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, keys)
         x = self.transformer["ln_f"](x)
         if self.cfg.weight_tying:
             return F.linear(x, self.transformer["wte"].weight)

@@ -45,7 +45,13 @@ from tadm.posttrain.data import CanvasBatch
 
 def antithetic_times(n: int, gen: torch.Generator, device=None, eps: float = 1e-3) -> torch.Tensor:
     """n times in (eps, 1): one uniform offset, evenly spread (low-variance, MDLM-style); drawn
-    on the generator's device, returned on `device` (default: the generator's)."""
+    on the generator's device, returned on `device` (default: the generator's).
+
+    The offset is shared by the n strata, as in `tadm.forward_process.sample_times`; MDLM's
+    release (``diffusion.py: _sample_t``) jitters each stratum independently. The variance
+    difference is measured on the MDLM pretraining loss (`benchmarks/antithetic_variance.py`:
+    0.96 +- 0.03 times the release's), not on this objective; kept so that the post-trained
+    fusion is unchanged (README, Deviations)."""
     u = torch.rand((), generator=gen, device=gen.device)
     device = gen.device if device is None else device
     t = (torch.arange(n, device=device) + u.to(device)) / n

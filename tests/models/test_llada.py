@@ -365,9 +365,10 @@ def test_runner_on_a_benchmark(tmp_path):
     p.asrd.capacity = 4
     runner = LladaRunner(p, runtime.Dist(), model=tiny_model(), tokenizer=tiny_tokenizer(tmp_path))
     task = BenchmarkTask("gsm8k", ["the cat sat on the mat", "one two", "dog ran fast"], lambda i, text: i != 1)
-    canvas, region = runner.encode(task.prompts[:2])
+    canvas, region, attention = runner.encode(task.prompts[:2])
     assert canvas.shape[1] == region.numel() and int(region.sum()) == 8
     assert (canvas[1, : canvas.shape[1] - 8][:4] == runner.pad).all()  # the shorter prompt is left-padded
+    assert torch.equal(attention, canvas != runner.pad)  # no pad token inside these prompts
     assert (canvas[:, region] == runner.model.mask_id).all()
     plan = llada_plan(p, runner=runner, tasks={"gsm8k": task, "humaneval": task})
     assert [name for name, *_ in plan] == ["gsm8k", "humaneval"]
@@ -391,3 +392,98 @@ def test_default_profile_runs_no_llada():
     assert render_profile("paper")["asrd"]["llada_model"] == llada.RELEASE
     assert render_profile("paper")["asrd"]["llada_tasks"] == ["gsm8k", "humaneval"]
     assert llada_plan(Params()) == []
+
+
+# --------------------------------------------------------------------------- padded batches
+
+
+def _padded(model: llada.LladaModel, rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad `rows` (1-D id tensors) to the longest: (ids, attention mask 0 at the pads)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return ids, mask
+
+
+@torch.no_grad()
+def test_left_padded_logits_match_each_row_alone():
+    """With the padding mask, a left-padded row's logits at its real positions are the row's own
+    (unpadded) logits up to rounding -- RoPE is relative and no position attends to a pad --
+    while without it (the old behaviour) they are far off."""
+    model = tiny_model(seed=1)
+    gen = torch.full((4,), model.mask_id)
+    rows = [torch.cat([torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(n)), gen]) for n in (3, 7, 11)]
+    ids, mask = _padded(model, rows, pad=1)
+    out = model(ids, attention_mask=mask)
+    unmasked = model(ids)
+    worst = 0.0
+    for i, r in enumerate(rows):
+        alone = model(r[None])[0]
+        real = out[i, ids.shape[1] - len(r):]
+        torch.testing.assert_close(real, alone, rtol=1e-5, atol=1e-5)
+        worst = max(worst, float((unmasked[i, ids.shape[1] - len(r):] - alone).abs().max()))
+    assert worst > 0.1  # the pads do matter when attended
+    # what the pads hold is then irrelevant
+    other = ids.masked_fill(mask == 0, 7)
+    keep = mask.bool()
+    torch.testing.assert_close(model(other, attention_mask=mask)[keep], out[keep], rtol=1e-6, atol=1e-6)
+
+
+def test_mask_without_padding_is_the_unmasked_network():
+    """A mask of all ones (bool or integer) or None runs the same computation, bit for bit (the
+    batch-size-1 path of the paper profile, and every unpadded call)."""
+    model = tiny_model(seed=2)
+    ids = torch.randint(0, 40, (2, 9))
+    ref = model(ids)
+    for mask in (None, torch.ones(2, 9, dtype=torch.bool), torch.ones(2, 9, dtype=torch.long)):
+        assert torch.equal(model(ids, attention_mask=mask), ref)
+        assert torch.equal(model(inputs_embeds=model.embed(ids), attention_mask=mask), ref)
+    from tadm.asrd.backends import LladaBackend
+
+    backend = LladaBackend(model)
+    backend.set_padding(torch.ones(2, 9, dtype=torch.bool))
+    with_mask = backend.logits(ids)
+    backend.set_padding(None)
+    assert torch.equal(with_mask, backend.logits(ids))
+
+
+@pytest.mark.parametrize("mask, expected", [
+    (torch.ones(2, 8, dtype=torch.bool), "attention_mask has shape (2, 8), the input is (2, 9)"),
+    (torch.ones(2, 9), "attention_mask must be bool or integer 0 / 1, got torch.float32"),
+    (torch.full((2, 9), 2), "attention_mask must hold only 0 (pad) and 1 (token)"),
+    (torch.tensor([[1] * 9, [0] * 9]), "attention_mask has a row with no 1"),
+], ids=["shape", "float", "values", "empty-row"])
+def test_bad_attention_mask_is_one_line(mask, expected):
+    with pytest.raises(ValueError) as e:
+        tiny_model()(torch.randint(0, 40, (2, 9)), attention_mask=mask)
+    assert expected in one_line(e)
+
+
+@pytest.mark.parametrize("threshold", [None, 0.3], ids=["low-confidence", "threshold"])
+def test_left_padded_batch_decodes_as_each_prompt_alone(tmp_path, threshold):
+    """LladaRunner on prompts of different lengths: a left-padded batch of 3 generates, greedily,
+    exactly the tokens each prompt generates alone (batch size 1, nothing padded)."""
+    from tadm import runtime
+    from tadm.asrd.decode import DecodeSettings
+    from tadm.asrd.llada import BenchmarkTask, LladaRunner
+    from tadm.config import Params
+
+    p = Params()
+    p.asrd.llada_gen_tokens, p.asrd.llada_batch_size = 8, 3
+    model, tok = tiny_model(seed=4), tiny_tokenizer(tmp_path)
+    prompts = ["the cat sat on the mat and the dog ran fast", "one two", "dog ran slow on the mat"]
+    task = BenchmarkTask("gsm8k", prompts, lambda i, text: True)
+    settings = DecodeSettings(method="low-confidence", steps=8, block_size=4, threshold=threshold)
+    batched = LladaRunner(p, runtime.Dist(), model=model, tokenizer=tok)
+    canvas = batched.encode(prompts)[0]
+    assert (canvas[1, :4] == batched.pad).all()  # the batch is padded
+    r, texts, _ = batched.decoder(batched.backend(1), task, settings)(0)
+    p.asrd.llada_batch_size = 1
+    single = LladaRunner(p, runtime.Dist(), model=model, tokenizer=tok)
+    decode_one = single.decoder(single.backend(1), task, settings)
+    for i in range(len(prompts)):
+        alone, alone_texts, _ = decode_one(i)
+        assert torch.equal(r.tokens[i, -8:], alone.tokens[0, -8:]), f"prompt {i}"
+        assert texts[i] == alone_texts[0]

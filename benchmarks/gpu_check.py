@@ -1,13 +1,20 @@
 """GPU check: does the paper profile's code train, resume, sample, score and post-train on this
 machine's accelerator, and how fast? One command, one table (benchmarks/gpu_check runs it).
 
-    (a) paper-arch MDLM and TADM training in bf16 through the real trainer: tokens/s and model
-        FLOPs utilisation (FLOPs counted by torch's FlopCounterMode on one real step)
+    (a) paper-arch MDLM and TADM training in bf16 through the real trainer, runtime.compile off
+        and on (each transformer block compiled: tadm.train.trainer.compile_blocks): tokens/s
+        and model FLOPs utilisation (a step's model FLOPs from tadm.compute: 3 x the forward,
+        LM heads on the masked rows, no recomputed head chunk)
     (b) kill (SIGKILL) and resume of a training run on the device: weights after resume vs an
-        uninterrupted run (and run-to-run, to separate resume bugs from kernel nondeterminism)
-    (c) sampling at the paper architecture, T = 2048, K = 1, 2, 4, 8, ddpm_cache off: tokens/s
-        and measured / FLOP-bound speed-up vs MDLM and vs ADLM, at batch 1 (the whole T) and at
-        the largest batch that fits (timed over `--big-steps` steps; tokens/s normalised to T)
+        uninterrupted run (and run-to-run, to separate resume bugs from kernel nondeterminism);
+        a 40-step run, killed once its step-4 checkpoint exists
+    (c) sampling at the paper architecture, T = 2048, K = 1, 2, 4, 8, ddpm_cache off, Linear
+        weights cast to bf16 once (tadm.runtime.cast_for_autocast, as the sample stage does):
+        tokens/s and measured / FLOP-bound speed-up vs MDLM and vs ADLM -- batch 1 first (the
+        whole trajectory), then batch 1 with CUDA graphs (runtime.cuda_graphs) beside it, then
+        the largest batch that fits (probed on the first `--probe-steps` steps of a T = 2048
+        trajectory; any out-of-memory RuntimeError ends the probe, never the section), timed on
+        the first `--big-steps` steps of a T = 2048 trajectory (tokens/s normalised to T)
     (d) one scoring batch (Gen PPL + MAUVE features from one forward) with a GPT-2-Large-shaped
         random evaluator in bf16
     (e) one TADM:Post-train step (fusion training on rollouts, CE + KD) and one `generate` of a
@@ -15,7 +22,8 @@ machine's accelerator, and how fast? One command, one table (benchmarks/gpu_chec
 
 Random weights everywhere: speed does not depend on them, and nothing is downloaded.
 `--smoke` runs every section at micro sizes on whatever device there is (the test suite runs
-it on the CPU so that this script cannot rot between GPU sessions).
+it on the CPU so that this script cannot rot between GPU sessions; there the compiled training
+rows use torch.compile's aot_eager backend: no C++ code generation).
 
     python benchmarks/gpu_check.py --out benchmarks/results          # on a GPU machine
     python benchmarks/gpu_check.py --smoke                             # anywhere, seconds
@@ -93,55 +101,62 @@ def write_packed(root: Path, vocab: int, seq_len: int, n_train: int, n_valid: in
     return write_random(root / "packed", vocab, seq_len, {"train": n_train, "validation": n_valid})
 
 
-def step_flops(method, model, x: torch.Tensor, device: torch.device) -> float:
-    """FLOPs of one training step (forward + backward) on batch x, counted by torch."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    gen = torch.Generator(device=device).manual_seed(0)
-    with FlopCounterMode(display=False) as fc, runtime.autocast(device, "bf16"):
-        loss = method.loss(model, x, gen, progress=0.5).float().sum() / x.numel()
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-    return float(fc.get_total_flops())
-
-
 # ----------------------------------------------------------------------------- (a) training
 
 
 def check_training(t: Table, args, device: torch.device, work: Path) -> None:
-    from tadm.train.methods import get_method
-    from tadm.train.trainer import train
+    """MDLM and TADM trained with runtime.compile off, then on (the paper profile's setting).
+    MFU = tokens/s x model FLOPs per token (tadm.compute) / peak; the compiled row's check ends
+    in "MFU" (benchmarks/gpu_hours.py averages those), the other's in "MFU, compile off"."""
+    from tadm.compute import train_step_flops_per_token
+    from tadm.train import trainer
 
-    p = paper_params(args.smoke, **{"train.steps": args.train_steps, "train.global_batch": args.train_batch,
-                                    "train.log_every": max(1, args.train_steps // 3), "train.eval_every": 10**6,
-                                    "train.eval_sequences": 2, "train.checkpoint_every": 10**6,
-                                    "train.warmup_steps": 1, "runtime.compile": args.compile})
-    vocab, L = p.tokenizer.vocab_size, p.packing.seq_len
-    data = write_packed(work, vocab, L, n_train=max(64, 2 * p.train.global_batch), n_valid=4)
+    trainer.COMPILE_BACKEND = args.compile_backend
     peak = peak_flops(device, args.peak_tflops)
-    for name in ("mdlm", "tadm"):
-        method = get_method(name, p)
-        model = method.build_model(vocab, L).to(device)
-        x = torch.randint(0, vocab, (p.train.micro_batch, L), device=device)
-        per_token = step_flops(method, model, x, device) / x.numel()
-        del model
-        summary = train(name, p, data_dir=data, root=work / "train", log=lambda *_: None)
-        tps = summary["train_tokens_per_s"]
-        t.add("a train", f"{name} tokens/s (bf16, micro {p.train.micro_batch} x L {L})", float(tps),
-              f"{per_token / 1e9:.2f} GFLOP/token counted")
-        if peak:
-            t.add("a train", f"{name} MFU", f"{100 * tps * per_token / peak:.1f}%", "target >= 40%")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    data = None
+    for compiled in (False, True):
+        p = paper_params(args.smoke, **{"train.steps": args.train_steps, "train.global_batch": args.train_batch,
+                                        "train.log_every": max(1, args.train_steps // 3), "train.eval_every": 10**6,
+                                        "train.eval_sequences": 2, "train.checkpoint_every": 10**6,
+                                        "train.warmup_steps": 1, "runtime.compile": compiled})
+        vocab, L = p.tokenizer.vocab_size, p.packing.seq_len
+        if data is None:
+            data = write_packed(work, vocab, L, n_train=max(64, 2 * p.train.global_batch), n_valid=4)
+        tag = f"compile on, {args.compile_backend}" if compiled else "compile off"
+        for name in ("mdlm", "tadm"):
+            per_token = train_step_flops_per_token(name, p.model, vocab, L)
+            summary = trainer.train(name, p, data_dir=data, root=work / ("compiled" if compiled else "eager"),
+                                    log=lambda *_: None)
+            tps = summary["train_tokens_per_s"]
+            t.add("a train", f"{name} tokens/s (bf16, micro {p.train.micro_batch} x L {L}, {tag})", float(tps),
+                  f"{per_token / 1e9:.3g} GFLOP/token (model FLOPs of a step, tadm.compute)")
+            if peak:
+                t.add("a train", f"{name} MFU" if compiled else f"{name} MFU, compile off",
+                      f"{100 * tps * per_token / peak:.1f}%", "target >= 40%")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
 
 # ----------------------------------------------------------------------------- (b) kill and resume
 
+RESUME_STEPS = 40  # long enough to be killed mid-run (8 steps could end inside one 50 ms poll)
+KILL_AT = 4  # SIGKILL once this step's checkpoint exists
 
-def _run_train(params_file: Path, data: Path, root: Path, kill_after: Path | None = None) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CUBLAS_WORKSPACE_CONFIG=":4096:8")
+
+def subprocess_env() -> dict:
+    """This process's environment for a child `python -m tadm`: the repository prepended to
+    PYTHONPATH (what was there stays: the wrapper's /tmp/tadm-site, an offline image's wheels)."""
+    rest = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + ([rest] if rest else [])),
+                CUBLAS_WORKSPACE_CONFIG=":4096:8")
+
+
+def _run_train(params_file: Path, data: Path, root: Path, kill_after: Path | None = None) -> bool:
+    """Train mdlm in a child process; with `kill_after`, SIGKILL it once that path exists.
+    Returns whether it was killed."""
     cmd = [sys.executable, "-m", "tadm", "--params", str(params_file), "train", "mdlm", "--data", str(data)]
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=root, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     if kill_after is not None:
         deadline = time.time() + 300
         while not kill_after.exists() and proc.poll() is None and time.time() < deadline:
@@ -149,18 +164,18 @@ def _run_train(params_file: Path, data: Path, root: Path, kill_after: Path | Non
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            return
+            return True
     _, err = proc.communicate()
     if proc.returncode:
         raise RuntimeError(f"train exited {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
+    return False
 
 
 def check_resume(t: Table, args, device: torch.device, work: Path) -> None:
     import yaml
     from safetensors.torch import load_file
 
-    steps = 8
-    p = paper_params(True, **{"train.steps": steps, "train.checkpoint_every": 2, "train.eval_every": 4,
+    p = paper_params(True, **{"train.steps": RESUME_STEPS, "train.checkpoint_every": 2, "train.eval_every": 20,
                               "train.log_every": 2, "runtime.device": str(device) if device.type == "cuda" else "cpu",
                               "runtime.nproc": 1, "model.d_model": 128 if not args.smoke else 32,
                               "model.n_heads": 4 if not args.smoke else 2})
@@ -172,9 +187,13 @@ def check_resume(t: Table, args, device: torch.device, work: Path) -> None:
         root = work / f"resume_{run}"
         root.mkdir()
         if run == "killed":
-            _run_train(params_file, data, root, kill_after=root / "checkpoints" / "mdlm" / "step_000004")
-            if (root / "models" / "mdlm").exists():
-                t.add("b resume", "kill", "run finished before the kill", "inconclusive")
+            ckpts = root / "checkpoints" / "mdlm"
+            killed = _run_train(params_file, data, root, kill_after=ckpts / f"step_{KILL_AT:06d}")
+            left = sorted(c.name for c in ckpts.glob("step_*")) if ckpts.is_dir() else []
+            if not killed or (root / "models" / "mdlm").exists():
+                t.add("b resume", "kill", f"run of {RESUME_STEPS} steps finished before the kill", "inconclusive")
+            else:
+                t.add("b resume", "kill", f"SIGKILL during a {RESUME_STEPS}-step run", f"checkpoints left: {left}")
         _run_train(params_file, data, root)
         weights.append(load_file(str(root / "models" / "mdlm" / "model.safetensors")))
 
@@ -190,7 +209,13 @@ def check_resume(t: Table, args, device: torch.device, work: Path) -> None:
 # ----------------------------------------------------------------------------- (c) sampling
 
 
-def _paper_models(p: config.Params, device: torch.device, dtype: torch.dtype):
+class _Stop(Exception):
+    """Raised by the network call after the last step to time: ends a trajectory early."""
+
+
+def _paper_models(p: config.Params, device: torch.device, precision: str):
+    """MDLM, ADLM and TADM at the profile's size with random weights, on `device`, their Linear
+    weights cast once to the sampling precision (runtime.cast_for_autocast: the sample stage's)."""
     from tadm.models import build_model
 
     torch.manual_seed(0)
@@ -199,67 +224,126 @@ def _paper_models(p: config.Params, device: torch.device, dtype: torch.dtype):
         m = build_model(kind, p.model, p.tokenizer.vocab_size, p.packing.seq_len)
         for prm in m.parameters():  # non-degenerate random weights (the zero init is uniform)
             torch.nn.init.normal_(prm, std=0.02)
-        out[kind] = m.to(device=device, dtype=dtype).eval()
+        out[kind] = runtime.cast_for_autocast(m.to(device=device).eval(), device, precision)
     return out
 
 
-def _sample_once(models, name: str, k: int | None, steps: int, batch: int, L: int, device, precision: str):
+def _sample_once(models, name: str, k: int | None, steps: int, batch: int, L: int, device, precision: str,
+                 stop_after: int | None = None) -> tuple[float, int, int]:
+    """(seconds, forward FLOPs, steps run) of one trajectory of T = `steps` at `batch`, ddpm_cache
+    off (a network call every step); with `stop_after`, of its first `stop_after` steps only."""
     from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
 
-    settings = SamplerSettings(sampler="mdlm", steps=steps, nucleus_p=0.9, ddpm_cache=False)
+    settings = SamplerSettings(sampler="mdlm", steps=steps, nucleus_p=0.9, ddpm_cache=False, autocast=precision)
     adapter = make_adapter(models[name], FixedInterval(k)) if k else make_adapter(models[name])
-    with adapter, runtime.autocast(device, precision), torch.no_grad():
+    calls, features = [0], adapter.features
+
+    def counted(z, step, t):
+        if stop_after is not None and calls[0] >= stop_after:
+            raise _Stop
+        calls[0] += 1
+        return features(z, step, t)
+
+    adapter.features = counted
+    with adapter:
         runtime.synchronize(device)
         t0 = time.perf_counter()
-        res = sample(adapter, settings, num_samples=batch, seq_len=L,
-                     generator=torch.Generator(device=device).manual_seed(0))
+        try:
+            sample(adapter, settings, num_samples=batch, seq_len=L, generator=torch.Generator(device=device).manual_seed(0))
+        except _Stop:
+            pass
         runtime.synchronize(device)
-    return time.perf_counter() - t0, res.counters.flops
+        secs = time.perf_counter() - t0
+    return secs, adapter.counter.flops, calls[0]
 
 
-def _largest_batch(models, L: int, device, precision: str, cap: int) -> int:
-    """Double the batch until a 2-step sample of the heaviest method runs out of memory."""
+def _largest_batch(models, L: int, T: int, device, precision: str, cap: int, probe_steps: int) -> tuple[int, str]:
+    """Double the batch until the first `probe_steps` steps of a T-step trajectory of the
+    heaviest methods (ADLM, TADM K=1) fail: any RuntimeError ends the probe (torch's
+    OutOfMemoryError and the allocation failures cuBLAS / cuDNN raise as plain RuntimeError),
+    never the section. Returns (the largest batch that ran, a note)."""
     if device.type != "cuda":
-        return min(cap, 4)
-    best, b = 1, 1
+        return min(cap, 4), f"not probed on {device.type}"
+    best, b, note = 1, 1, f"no failure up to --max-batch {cap}"
     while b <= cap:
+        failed = None
+        torch.cuda.reset_peak_memory_stats(device)
         try:
             for name, k in (("adlm", None), ("tadm", 1)):
-                _sample_once(models, name, k, 2, b, L, device, precision)
-            best, b = b, b * 2
-        except torch.OutOfMemoryError:
+                _sample_once(models, name, k, T, b, L, device, precision, stop_after=probe_steps)
+        except RuntimeError as e:
+            failed = f"batch {b}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        torch.cuda.empty_cache()
+        if failed:
+            note = failed
             break
-        finally:
-            torch.cuda.empty_cache()
-    return best
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        best, b = b, b * 2
+        note = f"peak {peak:.1f} GiB at batch {best}; no failure up to --max-batch {cap}"
+    return best, note
 
 
 def check_sampling(t: Table, args, device: torch.device) -> None:
+    from tadm.experiments.sampling import graphed_pieces
+
     p = paper_params(args.smoke)
-    L = p.packing.seq_len
-    models = _paper_models(p, device, torch.float32)
-    runs = [("mdlm", None), ("adlm", None)] + [("tadm", k) for k in (1, 2, 4, 8)]
+    L, T = p.packing.seq_len, args.sample_steps
     precision = "bf16" if device.type == "cuda" else "fp32"
-    big = _largest_batch(models, L, device, precision, args.max_batch)
-    for batch, steps in ((1, args.sample_steps), (big, min(args.big_steps, args.sample_steps))):
-        secs, flops = {}, {}
-        for name, k in runs:  # warm-up (kernels, allocator), then the timed run
-            _sample_once(models, name, k, 8, batch, L, device, precision)
+    models = _paper_models(p, device, precision)
+    runs = [("mdlm", None), ("adlm", None)] + [("tadm", k) for k in (1, 2, 4, 8)]
+
+    def label_of(name, k):
+        return name if k is None else f"tadm K={k}"
+
+    def timed(batch: int, stop: int | None):
+        """Every run at `batch`: a warm-up (the first steps of the same trajectory: kernels,
+        allocator, CUDA-graph captures), then the timed trajectory (its first `stop` steps)."""
+        secs, flops, steps = {}, {}, {}
         for name, k in runs:
-            label = name if k is None else f"tadm K={k}"
-            secs[label], flops[label] = _sample_once(models, name, k, steps, batch, L, device, precision)
+            _sample_once(models, name, k, T, batch, L, device, precision, stop_after=min(8, T))
+        for name, k in runs:
+            label = label_of(name, k)
+            secs[label], flops[label], steps[label] = _sample_once(models, name, k, T, batch, L, device, precision,
+                                                                   stop_after=stop)
+        return secs, flops, steps
+
+    def report(batch: int, secs, flops, steps, suffix: str = "", versus=None, extra: str = "") -> None:
         for label in secs:
-            per_step = secs[label] / steps
-            tps = batch * L / (per_step * args.sample_steps)  # tokens/s at the full budget T
+            per_step = secs[label] / steps[label]
+            tps = batch * L / (per_step * T)  # tokens/s at the full budget T
             cells = [f"{tps:,.1f} tok/s"]
             for ref in ("mdlm", "adlm"):
                 measured, bound = secs[ref] / secs[label], flops[ref] / flops[label]
                 cells.append(f"vs {ref.upper()} {measured:.2f}x / bound {bound:.2f}x = {measured / bound:.2f}")
-            note = "; ".join(cells[1:])
+            if versus is not None:
+                cells.append(f"{versus[label] / secs[label]:.2f}x the eager run")
+            note = "; ".join(cells[1:]) + extra
             if label.startswith("tadm") and batch == 1:
                 note += f"; {tps / PAPER_TADM_TOK_S:.1f}x the paper's {PAPER_TADM_TOK_S} tok/s"
-            t.add("c sample", f"{label} batch {batch} T={args.sample_steps}"
-                  + ("" if steps == args.sample_steps else f" (timed {steps} steps)"), cells[0], note)
+            timed_note = "" if steps[label] == T else f" (first {steps[label]} steps timed)"
+            t.add("c sample", f"{label} batch {batch} T={T}{timed_note}{suffix}", cells[0], note)
+
+    # batch 1 first: the whole trajectory
+    eager = timed(1, None)
+    report(1, *eager)
+    # batch 1 with CUDA graphs (runtime.cuda_graphs) beside it
+    note = runtime.cuda_graphs_note(True, device)
+    if note is not None:
+        t.add("c sample", "CUDA graphs batch 1 (runtime.cuda_graphs)", "skipped", note)
+    else:
+        handles = [runtime.cuda_graph_forwards(graphed_pieces(m), device) for m in models.values()]
+        try:
+            graphed = timed(1, None)
+            count = sum(h.graphs for h in handles)
+            report(1, *graphed, suffix=" CUDA graphs", versus=eager[0], extra=f"; {count} graphs")
+        finally:
+            for h in handles:
+                h.remove()
+    # the largest batch that fits, probed and timed on the first steps of a T-step trajectory
+    probe = min(args.probe_steps, T)
+    big, note = _largest_batch(models, L, T, device, precision, args.max_batch, probe)
+    t.add("c sample", f"largest batch (first {probe} steps of T={T}, ADLM and TADM K=1)", big, note)
+    report(big, *timed(big, min(args.big_steps, T)))
     del models
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -354,9 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="abcde", help="which checks to run (letters of a-e)")
     ap.add_argument("--train-steps", type=int, default=12)
     ap.add_argument("--train-batch", type=int, default=64, help="global batch of the throughput run")
-    ap.add_argument("--compile", action="store_true", help="runtime.compile for the training check")
+    ap.add_argument("--compile-backend", default=None,
+                    help="torch.compile backend of the compiled training row (default: inductor; aot_eager with --smoke)")
     ap.add_argument("--sample-steps", type=int, default=2048, help="T of the sampling check")
-    ap.add_argument("--big-steps", type=int, default=64, help="steps timed at the largest batch")
+    ap.add_argument("--big-steps", type=int, default=64, help="steps of a T-step trajectory timed at the largest batch")
+    ap.add_argument("--probe-steps", type=int, default=4, help="steps of a T-step trajectory the batch probe runs")
     ap.add_argument("--max-batch", type=int, default=256)
     ap.add_argument("--score-batch", type=int, default=16)
     ap.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: by GPU name)")
@@ -365,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.train_steps, args.train_batch = min(args.train_steps, 3), min(args.train_batch, 8)
         args.sample_steps, args.big_steps, args.max_batch = min(args.sample_steps, 8), 4, 4
+        args.probe_steps = min(args.probe_steps, 2)
+    if args.compile_backend is None:
+        args.compile_backend = "aot_eager" if args.smoke else "inductor"
 
     device = runtime.resolve_device(args.device)
     if device.type == "cuda":

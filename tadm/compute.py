@@ -1,8 +1,9 @@
 """Forward FLOPs per token of the building blocks (multiply-add = 2 FLOPs).
 
-Used to size profiles (the LM head's share of per-step compute) and, later, for the full
-compute accounting of the samplers. Norms, activations and softmax are ignored: they are
-O(d) per token, negligible beside the matrix products counted here.
+Used to size profiles (the LM head's share of per-step compute), for the compute accounting of
+the samplers (tadm.sampling.counters) and for the model FLOPs of a training step, the numerator
+of MFU (`train_step_flops_per_token`; benchmarks/gpu_check). Norms, activations and softmax are
+ignored: they are O(d) per token, negligible beside the matrix products counted here.
 """
 
 from __future__ import annotations
@@ -44,3 +45,42 @@ def cached_layer_calls(steps: int, refresh_every: int, anchor_layers: int, denoi
     C_cache = T (L_S + L_D) + ceil(T / K) L_A. K = 1 gives C_full = T (L_S + L_A + L_D)."""
     refreshes = -(-steps // refresh_every)
     return steps * (shared_layers + denoiser_layers) + refreshes * anchor_layers
+
+
+# ----------------------------------------------------------------------------- training steps
+
+# E[fraction of positions masked] in training: t ~ U(eps, 1) and alpha_t = 1 - t (log-linear), so
+# the expected masked fraction is E[t] ~ 1/2; the absorbing-state losses run their LM head on
+# the masked rows only (tadm.losses.Readout)
+MASKED_FRACTION = 0.5
+TRAIN_FORWARD_BACKWARD = 3  # a training step's FLOPs: forward + backward (2x the forward)
+
+
+def train_forward_flops(kind: str, cfg, vocab_size: int, seq_len: int, head_rows: float = MASKED_FRACTION) -> float:
+    """Model forward FLOPs per token of one training pass of method `kind` (a run name of
+    train.models) with model config `cfg` (d_model, mlp_ratio and the layer counts of a
+    ModelConfig); `head_rows`: the fraction of positions an LM head projects (the masked rows;
+    AR's head reads every position, ADLM's anchor head too, since its denoiser reads the anchor's
+    distribution everywhere).
+
+    Model FLOPs: what the objective needs, counted once. The LM-head chunks that training
+    recomputes in backward (activation checkpointing of the readout, tadm.losses.row_losses) are
+    hardware FLOPs, not model FLOPs, and are not counted (MFU's convention; FlopCounterMode on a
+    real step counts them)."""
+    d, L = cfg.d_model, seq_len
+    blk = dit_block_flops(d, L, cfg.mlp_ratio)
+    head = lm_head_flops(d, vocab_size + 1)
+    if kind in ("mdlm", "sedd", "ar"):
+        return cfg.mdlm_layers * blk + head * (1.0 if kind == "ar" else head_rows)
+    if kind == "adlm":  # anchor + its head on every row + input map V+1 -> d + denoiser + its head on the rows
+        return (cfg.anchor_layers + cfg.denoiser_layers) * blk + head + dense_flops(vocab_size + 1, d) + head * head_rows
+    if kind in ("tadm", "tadm_gamma0"):  # stale anchor + fusion + denoiser (+ the anchor head when gamma > 0)
+        anchor_head = head * head_rows if kind == "tadm" else 0.0
+        return (cfg.anchor_layers + cfg.denoiser_layers) * blk + fusion_flops(d) + head * head_rows + anchor_head
+    raise ValueError(f"unknown training method {kind!r}")
+
+
+def train_step_flops_per_token(kind: str, cfg, vocab_size: int, seq_len: int, head_rows: float = MASKED_FRACTION) -> float:
+    """Model FLOPs per token of one training step (forward + backward = 3 x the forward): the
+    numerator of MFU (tokens/s x this / peak FLOP/s)."""
+    return TRAIN_FORWARD_BACKWARD * train_forward_flops(kind, cfg, vocab_size, seq_len, head_rows)

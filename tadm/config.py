@@ -387,7 +387,8 @@ class RuntimeConfig:
     tf32: bool = True  # TF32 matmuls on Ampere and newer GPUs
     nproc: int = spec(1, ge=1)  # processes per node: > 1 runs train / sampling / scoring under torchrun
     jobs: int = spec(1, ge=1)  # jobs of the train stage side by side, each with 1/jobs of the CPU threads
-    compile: bool = False  # torch.compile the network that trains
+    compile: bool = False  # torch.compile the network that trains (each transformer block, tadm.train.trainer)
+    cuda_graphs: bool = False  # CUDA-graph replay of sampling's fixed-shape pieces; ignored (one note) off CUDA
 
 
 @dataclass

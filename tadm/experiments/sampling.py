@@ -21,6 +21,14 @@ r draws batches r, r + N, ...) and put back in batch order, and 1 and N processe
 same bits. The model runs on the run's device, its forwards under `runtime.autocast` (the
 samplers' `autocast` setting: bf16 when runtime.precision is bf16, on a GPU or a CPU with native
 bf16 (`runtime.effective_precision`), else fp32; the draws stay in sample.precision).
+
+Precision and per-call overhead (`prepare_model`): where that autocast is bf16 the loaded
+model's Linear weights are cast to bf16 once (`runtime.cast_for_autocast`), so no network call
+re-casts a weight; the tokens are those of per-call autocast of fp32 weights, bit for bit (fp32
+runs are untouched). With runtime.cuda_graphs on a CUDA device the pieces called with fixed
+shapes at every step (DiT blocks, TADM's fusion, the conditioning vectors, ADLM's full-canvas
+anchor head and input map) replay CUDA graphs (`runtime.cuda_graph_forwards`); off CUDA the
+setting is ignored with a one-line note. Neither changes a record's fields.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +92,42 @@ def network_autocast(d: runtime.Dist) -> str:
     return d.effective_precision()
 
 
+def graphed_pieces(model) -> list:
+    """The modules of `model` a sampling step calls with the same shapes every time (what
+    runtime.cuda_graphs replays): every DiT block, TADM's fusion, the conditioning embedders,
+    and ADLM's anchor head and input map (both on the whole canvas); not the LM heads that
+    project only the decoding rows (their row count changes from step to step)."""
+    from tadm.models.dit import ConditionEmbedder, DiTBlock
+    from tadm.models.fusion import Fusion
+
+    pieces = [m for m in model.modules() if isinstance(m, (DiTBlock, Fusion, ConditionEmbedder))]
+    if model.model_type == "adlm":
+        pieces += [model.anchor_final, model.denoiser_in]
+    return pieces
+
+
+_NOTED: set[str] = set()
+
+
+def prepare_model(model, params: Params, d: runtime.Dist):
+    """The loaded `model` ready to sample on `d` (module docstring): its Linear weights cast to
+    bf16 once where the samplers' autocast is bf16 (`runtime.cast_for_autocast`), and, with
+    runtime.cuda_graphs on a CUDA device, its fixed-shape pieces replayed from CUDA graphs
+    (`graphed_pieces`; off CUDA one note on stderr per process). Returns (model, the CUDA-graph
+    handle or None)."""
+    runtime.cast_for_autocast(model, d.device, d.precision)
+    setting = params.runtime.cuda_graphs
+    note = runtime.cuda_graphs_note(setting, d.device)
+    if note is not None:
+        if note not in _NOTED:
+            _NOTED.add(note)
+            print(note, file=sys.stderr)
+        return model, None
+    if not setting:
+        return model, None
+    return model, runtime.cuda_graph_forwards(graphed_pieces(model), d.device)
+
+
 def batch_sizes(num_samples: int, batch_size: int) -> list[int]:
     """Sizes of the sampling batches of `num_samples` sequences (the last may be smaller)."""
     return [min(batch_size, num_samples - lo) for lo in range(0, num_samples, batch_size)]
@@ -112,7 +157,7 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
     """Sample one budget T of `run` (module docstring): the tokens (N, L) int64 and the record,
     on every process of `dist` (None: `runtime.setup(params.runtime)`); nothing is written."""
     d = dist or runtime.setup(params.runtime)
-    model = load_pretrained(run.model_dir, map_location=d.device)
+    model, _ = prepare_model(load_pretrained(run.model_dir, map_location=d.device), params, d)
     cfg, seq_len = params.sample, model.seq_len
     n = num_samples or cfg.num_samples
     if cfg.canvas_length != seq_len:
@@ -240,5 +285,5 @@ def load_samples(out_dir: str | Path, steps: int) -> tuple[np.ndarray, dict[str,
     return np.load(path, allow_pickle=False), json.loads((out_dir / f"T{steps}.json").read_text())
 
 
-__all__ = ["SampleRun", "batch_seed", "batch_sizes", "network_autocast", "draw_samples", "run_samples", "save_samples",
+__all__ = ["SampleRun", "batch_seed", "batch_sizes", "network_autocast", "prepare_model", "graphed_pieces", "draw_samples", "run_samples", "save_samples",
            "shared_record", "load_samples", "sampler_settings", "reusable_samples"]

@@ -20,8 +20,9 @@ for ADLM, whose anchor weight ramps over a fraction of it): the learning rate is
 warm-up, so a finished run extended to more steps continues exactly as a longer run would.
 
 Speed on a GPU: AdamW's fused kernel, a multi-tensor EMA update, one host sync per logged step
-(the loss is accumulated on the device), ``runtime.compile`` -> ``torch.compile`` of the
-training forward, bf16 autocast (``train.precision``). The CPU path keeps torch's default
+(the loss is accumulated on the device), ``runtime.compile`` -> ``torch.compile`` of each
+transformer block and TADM's fusion (:func:`compile_blocks`; the masked-row readout and the
+heads stay eager), bf16 autocast (``train.precision``). The CPU path keeps torch's default
 AdamW so that CPU trajectories do not depend on these.
 """
 
@@ -71,15 +72,56 @@ def adamw(params, device: torch.device, **kwargs) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, **kwargs, **({"fused": True} if on_gpu else {}))
 
 
+# runtime.compile: the backend of torch.compile (the tests and `gpu_check --smoke` set "aot_eager":
+# the same capture, guards and autograd graphs, no C++ / Triton code generation)
+COMPILE_BACKEND = "inductor"
+
+
+def compiled_pieces(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The fixed-shape pieces ``runtime.compile`` compiles: every DiT block (MDLM / SEDD / AR's
+    ``blocks``, ADLM and TADM's ``anchor_blocks`` and ``denoiser_blocks``) and TADM's fusion.
+
+    Not the whole model: its masked-row readout (``h[rows]``, a data-dependent number of rows and
+    of head chunks per step) breaks a whole-model graph and recompiles it for every new chunk
+    count, and TADM's two forwards (training's stale pair, validation's fresh anchor) and two
+    heads then reach the recompile limit and fall back to eager. A block sees (B, L, d) in,
+    (B, L, d) out at every step of a run, so its graph is traced once per grad mode and batch
+    size (training's micro-batch; validation's, under no_grad) and every block of a model
+    shares it (same code, same shapes; parameters are graph inputs, not constants)."""
+    from tadm.models.dit import DiTBlock
+    from tadm.models.fusion import Fusion
+
+    return [m for m in model.modules() if isinstance(m, (DiTBlock, Fusion))]
+
+
+def compile_blocks(model: torch.nn.Module, backend=None) -> list[torch.nn.Module]:
+    """Compile the ``forward`` of each of :func:`compiled_pieces` in place (full graphs, static
+    shapes); parameter and state_dict names stay the module's own (no ``_orig_mod.``).
+
+    The forward, not ``nn.Module.compile`` (which compiles ``Module._call_impl``): torch.compile
+    caches graphs per code object, and ``_call_impl`` is one code object shared by every module
+    class, so blocks and the fusion (and, in one process, other models' blocks) would share one
+    cache and its recompile limit (8 entries); ``DiTBlock.forward`` and ``Fusion.forward`` each
+    have their own. Already compiled pieces are left as they are."""
+    pieces = compiled_pieces(model)
+    for m in pieces:
+        if "forward" not in vars(m):
+            m.forward = torch.compile(m.forward, backend=backend or COMPILE_BACKEND, fullgraph=True, dynamic=False)
+    return pieces
+
+
 def wrap(model: torch.nn.Module, d: Dist, compile: bool = False) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(ddp, net): `model` in DDP when there are several processes, and the module the training
-    forward calls -- ``torch.compile`` of it when `compile`. Weights are read and saved through
-    `model` itself, so state_dict names carry no DDP / compile prefix."""
+    forward calls. `compile` compiles the model's blocks in place (:func:`compile_blocks`), not
+    the model; a module with none of them (the post-train loop's, tadm.posttrain.train) is
+    compiled whole as before (``net`` = ``torch.compile(ddp)``). Weights are read and saved
+    through `model` itself, so state_dict names carry no DDP / compile prefix."""
     ddp = model
+    whole = compile and not compile_blocks(model)
     if d.world > 1:
         ids = [d.device.index] if d.device.type != runtime.CPU.type else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    return ddp, (torch.compile(ddp) if compile else ddp)
+    return ddp, (torch.compile(ddp, backend=COMPILE_BACKEND) if whole else ddp)
 
 
 def hold_run(run_dir: Path, d: Dist, command: str | None = None):

@@ -14,7 +14,7 @@ export DVC_NO_ANALYTICS := 1
 export TOKENIZERS_PARALLELISM := false
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup reproduce test test-fast profile lock clean-venv
+.PHONY: setup reproduce test test-fast dry-run profile lock clean-venv
 
 setup: $(VENV)/.installed
 
@@ -43,6 +43,12 @@ reproduce: setup
 TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+
+## The paper profile's dry run: every stage of its `dvc repro`, in order, on CPU at toy sizes
+## (profiles/dry-run/paper.yaml changes sizes only), offline, every hub input a local stand-in in
+## its real format, 2 processes through torchrun (gloo). Runs in a scratch copy (tadm/dryrun).
+dry-run: setup
+	$(BIN)/python -m tadm.dryrun
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

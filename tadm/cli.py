@@ -194,6 +194,7 @@ def cmd_evaluator(args) -> None:
         record = {"run": "evaluator", "evaluator": p.eval.evaluator, "featurizer": p.eval.featurizer, "trained": False}
         atomic_write_json(te.MODEL_DIR / "record.json", record)
         atomic_write_json(te.METRICS, record)
+        Path("checkpoints/evaluator").mkdir(parents=True, exist_ok=True)  # a train-stage out: none to keep
         print(f"eval.evaluator = {p.eval.evaluator!r}, eval.featurizer = {p.eval.featurizer!r}: nothing to train")
         return
     summary = te.train(p, Path(args.data), Path(args.tokenizer), restart=args.restart)

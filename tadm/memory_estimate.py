@@ -35,8 +35,10 @@ The post-training base (posttrain.base_model)::
       s = posttrain.max_context_tokens + posttrain.canvas_length; per layer and token
       22 h + 3 I + 3 k_e I_e activation values, + 4 H s^2 per layer and sequence on the CPU;
       h, I, k_e, I_e, H: hidden, intermediate, top_k_experts, moe_intermediate sizes, heads)
-    hub id naming its size (e.g. "...-26B-A4B-it"): that many parameters, frozen, at
-      posttrain.precision (2 bytes for bf16); activations are not estimated
+    hub id whose weights are in the local hub cache (downloaded before, or the dry run's
+      stand-in): the parameters its safetensors headers hold, frozen, at posttrain.precision
+    hub id naming its size (e.g. "...-26B-A4B-it"), not cached: that many parameters, frozen,
+      at posttrain.precision (2 bytes for bf16); activations are not estimated
     anything else (a local directory): not estimated
 
 The machine: with runtime.device cpu (or auto without CUDA) the physical RAM, or the cgroup
@@ -143,12 +145,39 @@ def base_estimate(p: Params, on_gpu: bool = False) -> Optional[Estimate]:
         attention = 0 if on_gpu else 4 * depth * b.batch_size * b.num_attention_heads * s * s
         return Estimate("train posttrain base (dg_base)", params, STATE_BYTES * params, a * b.batch_size * s * per_token + attention,
                         f"batch_size {b.batch_size} x {s} tokens")
+    if Path(pt.base_model).exists():
+        return None
+    per = 2 if pt.precision == "bf16" else 4
+    cached = cached_parameters(pt.base_model)
+    if cached is not None:
+        return Estimate("load posttrain base", cached, per * cached, 0,
+                        f"{pt.base_model} (its cached weights' headers), frozen at {pt.precision}; activations not estimated")
     size = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)[Bb](?![A-Za-z])", pt.base_model.split("/")[-1])
-    if size and not Path(pt.base_model).exists():
+    if size:
         params = int(float(size.group(1)) * 1e9)
-        per = 2 if pt.precision == "bf16" else 4
         return Estimate("load posttrain base", params, per * params, 0,
                         f"{pt.base_model}, frozen at {pt.precision}; activations not estimated")
+    return None
+
+
+def cached_parameters(repo_id: str) -> Optional[int]:
+    """Parameters of hub model `repo_id` counted from its safetensors headers when its weights
+    are in the local hub cache (no download, no tensor read); None when they are not."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from tadm.errors import DataError
+    from tadm.weights_header import read_weights
+
+    for name in ("model.safetensors.index.json", "model.safetensors"):
+        try:
+            path = try_to_load_from_cache(repo_id, name)
+        except Exception:  # noqa: BLE001 - a malformed id is not cached: fall back to the name
+            return None
+        if isinstance(path, str):
+            try:
+                return read_weights(Path(path).parent, DataError).elements
+            except DataError:
+                return None
     return None
 
 

@@ -116,7 +116,8 @@ def test_hub_source_entries_keep_their_optional_fields():
     """sft.hub_sources entries are records with a few optional fields (the paper profile names
     only what differs); their required fields are still required."""
     p = config.from_dict(config.render_profile("paper"))
-    assert p.sft.hub_sources[0].config is None and p.sft.hub_sources[2].config == "knowledge"
+    assert p.sft.hub_sources[0].config is None and p.sft.hub_sources[2].config == "Knowledge"
+    assert p.sft.hub_sources[2].split == "no_think" and p.sft.hub_sources[2].reasoning_field is None  # UltraData: modes are splits
     raw = config.render_profile("paper")
     del raw["sft"]["hub_sources"][0]["count"]
     with pytest.raises(ConfigError, match=re.escape("sft.hub_sources[0].count: missing key")):

@@ -1,7 +1,8 @@
 """The two tasks of the ASRD comparison, as prompt / response pairs with exact-match scoring.
 
 - ``arithmetic``: the generated arithmetic problems of the SFT mixture (``data/sft``; the
-  same problems Table 1 scores), answer extracted after ``####``.
+  same problems Table 1 scores), answer extracted after ``####``. The paper profile's hub
+  mixture has none: they are generated with the same settings instead (``arithmetic_sets``).
 - ``spelling``: a generated text task. A number is to be written in English words:
 
       prompt:   "Write 347 in words."
@@ -31,7 +32,8 @@ import torch
 from tadm.runtime import CPU
 from tadm.data import arithmetic
 from tadm.errors import ConfigError, DataError
-from tadm.data.sft import sft_rows
+from tadm.config import SftConfig
+from tadm.data.sft import sft_rows, split_examples
 from tadm.io import atomic_write_text, write_manifest
 
 TASKS = ("arithmetic", "spelling")
@@ -86,8 +88,22 @@ def spelling_sets(n_train: int, n_eval: int, seed: int, max_number: int) -> tupl
     return make([rng.choice(kept) for _ in range(n_train)]), make(held)
 
 
-def arithmetic_sets(sft_dir: str | Path, limit: int = 0) -> tuple[TaskSet, TaskSet]:
-    """The SFT mixture's arithmetic problems: (train, evaluation) with at most `limit` evaluated."""
+def arithmetic_sets(sft_dir: str | Path, limit: int = 0, sft: SftConfig | None = None,
+                    seed: int = 0) -> tuple[TaskSet, TaskSet]:
+    """The SFT mixture's arithmetic problems: (train, evaluation) with at most `limit` evaluated.
+
+    A hub mixture (`sft` with source "hub", the paper profile) holds no generated arithmetic:
+    the problems are then generated here exactly as the offline mixture holds them
+    (sft.arithmetic_* and the global `seed`, split by the same id hash)."""
+    if sft is not None and sft.source == "hub":
+        examples = arithmetic.generate(sft.arithmetic_examples, sft.arithmetic_max_operand, seed, sft.arithmetic_max_ops,
+                                       sft.arithmetic_ops)
+        splits = split_examples(examples, sft.validation_fraction)
+        out = [splits["train"], splits["validation"][:limit] if limit else splits["validation"]]
+        if not all(out):
+            raise DataError(f"sft.arithmetic_examples: {sft.arithmetic_examples} problems leave an empty split for asrd")
+        return tuple(TaskSet("arithmetic", [r["prompt"] for r in rows], [r["response"] for r in rows],
+                             [r["answer"] for r in rows]) for rows in out)
     out = []
     for split in ("train", "validation"):
         path = Path(sft_dir) / f"{split}.jsonl"

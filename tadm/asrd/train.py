@@ -53,7 +53,7 @@ def model_config(p: Params) -> ModelConfig:
 def task_sets(p: Params, root: Path = Path(".")) -> dict[str, tuple[T.TaskSet, T.TaskSet]]:
     """{task: (train, evaluation)} for both tasks (arithmetic from data/sft, spelling generated)."""
     a = p.asrd
-    return {"arithmetic": T.arithmetic_sets(root / "data" / "sft", a.eval_examples),
+    return {"arithmetic": T.arithmetic_sets(root / "data" / "sft", a.eval_examples, p.sft, p.seed),
             "spelling": T.spelling_sets(a.spelling_train, a.spelling_eval, _seed(p.seed, 0xA5D), a.spelling_max)}
 
 

@@ -173,11 +173,49 @@ def _full_fp32():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
+# Memory of the comparison: the log-probabilities of max_age + 1 steps, twice (fresh and fusion
+# bypassed), plus four more, each (sequences, L, V) in float64. Above this budget the sequences
+# are compared in chunks (every quantity is per sequence, so the result is the same); at the
+# paper's L = 1024 and V = 50,257 one sequence needs ~10 GiB at max_age 8, 20 sequences ~200 GiB.
+MEMORY_BUDGET = 4 * 2**30
+
+
+def sequence_chunk(batch: int, seq_len: int, vocab: int, max_age: int, budget: int | None = None) -> int:
+    """How many sequences `_compare` takes at a time: all of them when they fit `budget`
+    (default MEMORY_BUDGET)."""
+    budget = MEMORY_BUDGET if budget is None else budget
+    per_sequence = (2 * (max_age + 1) + 4) * seq_len * vocab * 8
+    return max(1, min(batch, budget // per_sequence))
+
+
 def _compare(model, trajectory: list[tuple[float, Tensor]], cfg: StalenessSettings) -> Staleness:
+    batch, seq_len = trajectory[0][1].shape
+    chunk = sequence_chunk(batch, seq_len, model.mask_id, cfg.max_age)
+    parts = [_compare_sequences(model, [(t, z[s:s + chunk]) for t, z in trajectory], cfg)
+             for s in range(0, batch, chunk)]
+    num = {q: np.concatenate([n[q] for n, _ in parts], axis=1) for q in BASE}
+    den = {q: np.concatenate([d[q] for _, d in parts], axis=1) for q in BASE}
+    rows, r = [], 0
+    for i, (t, z) in enumerate(trajectory):
+        masked_fraction = float((z == model.mask_id).double().mean())
+        for k in range(0, min(cfg.max_age, i) + 1):
+            row = {"step": i, "t": t, "age": k, "masked_fraction": masked_fraction}
+            for q in BASE:
+                row[q] = float(_finish(q, _ratio(num[q][r].sum(), den[q][r].sum())))
+            row["recovery"] = float(_recovery(row["kl_fused"], row["kl_bypass"]))
+            row["recovery_vs_reused"] = float(_recovery(row["kl_fused"], row["kl_reused"]))
+            rows.append(row)
+            r += 1
+    return Staleness(rows, num, den)
+
+
+def _compare_sequences(model, trajectory: list[tuple[float, Tensor]],
+                       cfg: StalenessSettings) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Per-sequence numerators and denominators, (steps x ages, sequences) per base quantity."""
     anchors = [model.anchor(z) for _, z in trajectory]
     fresh_lp: dict[int, Tensor] = {}  # p_fresh of step j = p_reused of (j + k, k), kept for max_age steps
     bypass_lp: dict[int, Tensor] = {}  # D(h_j), the fusion bypassed, kept likewise
-    rows, num, den = [], {q: [] for q in BASE}, {q: [] for q in BASE}
+    num, den = {q: [] for q in BASE}, {q: [] for q in BASE}
     for i, (t, z) in enumerate(trajectory):
         masked = z == model.mask_id
         embed = model.embed(z)
@@ -211,13 +249,7 @@ def _compare(model, trajectory: list[tuple[float, Tensor]], cfg: StalenessSettin
                 a, b = _kl_parts(prob, neg_entropy, other, w)
                 num[q].append(a)
                 den[q].append(b)
-            row = {"step": i, "t": t, "age": k, "masked_fraction": float(masked.double().mean())}
-            for q in BASE:
-                row[q] = float(_finish(q, _ratio(num[q][-1].sum(), den[q][-1].sum())))
-            row["recovery"] = float(_recovery(row["kl_fused"], row["kl_bypass"]))
-            row["recovery_vs_reused"] = float(_recovery(row["kl_fused"], row["kl_reused"]))
-            rows.append(row)
-    return Staleness(rows, {q: np.stack(v) for q, v in num.items()}, {q: np.stack(v) for q, v in den.items()})
+    return {q: np.stack(v) for q, v in num.items()}, {q: np.stack(v) for q, v in den.items()}
 
 
 def _per_age(values: np.ndarray, ages: np.ndarray, order: np.ndarray) -> np.ndarray:

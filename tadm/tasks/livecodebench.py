@@ -96,8 +96,16 @@ def tests(row: dict, *, private: bool = True) -> list[dict]:
 
 
 def hub_files(release: str = RELEASE) -> list[str]:
-    """The ``hf://`` paths of `release`'s files in ``HUB_NAME``."""
-    return [f"hf://datasets/{HUB_NAME}/{name}" for name in RELEASE_FILES[release]]
+    """Local paths of `release`'s files of ``HUB_NAME``, fetched through the hub cache
+    (``hf_hub_download``: downloaded once, then read from the cache, also with HF_HUB_OFFLINE=1;
+    ``hf://`` paths would ask the hub for the revision on every load and fail offline)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return [hf_hub_download(HUB_NAME, name, repo_type="dataset") for name in RELEASE_FILES[release]]
+    except Exception as e:  # offline without a cache, unknown file, ...: one line, never a traceback
+        raise DataError(f"cannot fetch {HUB_NAME} {release} from the hub: {type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:200]}") from None
 
 
 def in_window(rows: list[dict], start: str, end: str, where: str = "LiveCodeBench") -> list[dict]:

@@ -98,3 +98,20 @@ def test_the_masked_model_takes_its_mlp_width_from_asrd_and_the_rest_from_model(
     assert cfg == dataclasses.replace(p.model, mlp_ratio=4)
     q = config.override(p, {"asrd.mlp_ratio": 3})
     assert model_config(q).mlp_ratio == 3 and model_config(q).d_model == p.model.d_model
+
+
+def test_a_hub_sft_mixture_gets_the_offline_mixtures_arithmetic_problems(tmp_path):
+    # the paper profile's SFT mixture (hub) holds no generated arithmetic; asrd's arithmetic task
+    # then generates exactly the problems the offline mixture would hold, split the same way
+    import dataclasses
+
+    from tadm.asrd.tasks import arithmetic_sets
+    from tadm.config import SftConfig
+    from tadm.data import sft
+
+    offline = SftConfig(humaneval=False, champ=False, arithmetic_examples=60)
+    splits = sft.split_examples(sft.offline_examples(offline, 3), offline.validation_fraction)
+    train, held = arithmetic_sets(tmp_path / "no-sft-here", 4, dataclasses.replace(offline, source="hub"), seed=3)
+    assert train.prompts == [r["prompt"] for r in splits["train"]]
+    assert held.prompts == [r["prompt"] for r in splits["validation"]][:4]
+    assert held.answers == [r["answer"] for r in splits["validation"]][:4]

@@ -105,3 +105,18 @@ def test_identical_sequences_give_zero_se_although_the_steps_differ(model):
 def test_summary_needs_the_per_sequence_parts(measured):
     with pytest.raises(TypeError, match="per-sequence"):
         S.summary(pd.DataFrame(measured.rows))
+
+
+def test_sequences_compared_in_chunks_give_the_whole_batchs_result(model, measured, monkeypatch):
+    # the paper's L x V does not fit max_age + 1 float64 log-probabilities of 20 sequences (~200 GiB):
+    # above a memory budget `_compare` takes the sequences a few at a time; every quantity is per
+    # sequence, so the rows and per-sequence parts are the whole batch's
+    assert S.sequence_chunk(20, 1024, 50257, 8) == 1 and S.sequence_chunk(20, 64, 301, 8) == 20
+    monkeypatch.setattr(S, "MEMORY_BUDGET", (2 * (CFG.max_age + 1) + 4) * L * V * 8 * 3)  # 3 sequences at a time
+    assert S.sequence_chunk(CFG.num_samples, L, V, CFG.max_age) == 3
+    chunked = S.measure(model, L, CFG)
+    assert len(chunked.rows) == len(measured.rows)
+    for q in S.BASE:
+        np.testing.assert_allclose(chunked.num[q], measured.num[q], rtol=1e-10, atol=1e-12)
+        np.testing.assert_array_equal(chunked.den[q], measured.den[q])
+    pd.testing.assert_frame_equal(chunked.frame(), measured.frame(), rtol=1e-10)

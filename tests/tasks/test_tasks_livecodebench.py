@@ -160,8 +160,8 @@ def test_functional_tests_need_a_method_name():
 
 def test_release_v6_is_pinned_to_its_files_and_date_window():
     assert lcb.RELEASE == "release_v6" and lcb.DATE_WINDOW["release_v6"] == ("2023-05-01", "2025-04-30")
-    assert lcb.hub_files() == [f"hf://datasets/{lcb.HUB_NAME}/{n}" for n in
-                               ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")]
+    assert lcb.RELEASE_FILES["release_v6"] == ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl",
+                                               "test6.jsonl")
 
 
 def test_problems_outside_the_window_are_dropped(tmp_path):
@@ -184,6 +184,24 @@ def test_problems_outside_the_window_are_dropped(tmp_path):
 def test_the_hub_release_offline_is_one_line(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(DataError, match="cannot load hub data set 'json'") as e:
+    with pytest.raises(DataError, match="cannot fetch livecodebench/code_generation_lite release_v6") as e:
         lcb.load_livecodebench("hub")
     assert "\n" not in str(e.value)
+
+
+def test_hub_files_read_the_hub_cache_offline_and_fail_in_one_line_without_it(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    from tadm.dryrun.standins import hub_snapshot
+    from tadm.errors import DataError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(DataError, match="cannot fetch livecodebench/code_generation_lite release_v6"):
+        lcb.hub_files()
+    snapshot = hub_snapshot(tmp_path, lcb.HUB_NAME, "dataset")
+    for name in lcb.RELEASE_FILES["release_v6"]:
+        (snapshot / name).write_text("{}\n")
+    assert [Path(f).name for f in lcb.hub_files()] == list(lcb.RELEASE_FILES["release_v6"])

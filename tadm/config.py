@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -786,14 +787,30 @@ def _check_duplicates(node: Any, prefix: str, source: str) -> None:
                     todo.append((value_node, prefix))
         elif isinstance(node, yaml.SequenceNode):
             todo.extend((child, f"{prefix}[{i}]") for i, child in enumerate(node.value))
+        elif isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int" and node.style is None:
+            _check_decimal(node.value, prefix, node.start_mark.line + 1, source)
+
+
+# YAML 1.1 (PyYAML) reads 010 as 8, 0x10 as 16, 0b10 as 2 and 1:30 as 90: a params file means decimal
+_DECIMAL = re.compile(r"^[-+]?(0|[1-9][0-9_]*)$")
+
+
+def _check_decimal(text: str, name: str, line: int, source: str) -> None:
+    if not _DECIMAL.match(text):
+        raise ConfigError(name, f"{text!r} on line {line} is not a decimal integer (YAML would read it as "
+                          f"{yaml.safe_load(text)!r}: a leading 0 is octal, 0x / 0b other bases, a : base 60); "
+                          "write it in decimal", source)
 
 
 def _read_yaml(path: Path, source: Optional[str] = None) -> dict:
     """The top-level mapping of a params or profile file; every problem is one ConfigError line
     naming the file (`source`, default the path)."""
     source = source or str(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError("", "file does not exist (create it with `python -m tadm profile default`)", source=source)
+    if not path.is_file():
+        raise ConfigError("", "is not a regular file (a device, a directory or a pipe; a params file is YAML text)",
+                          source=source)
     try:
         data = path.read_bytes()
     except OSError as e:

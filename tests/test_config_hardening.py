@@ -327,3 +327,19 @@ def test_check_reports_the_memory_of_the_committed_params():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "params.yaml: valid (profile 'default')"
     assert re.match(r"memory: the largest need is about [\d.]+ GiB \(.+\) of [\d.]+ GiB ", proc.stdout.splitlines()[1])
+
+
+@pytest.mark.parametrize("text,read_as", [("010", 8), ("0x10", 16), ("0b11", 3), ("1:30", 90), ("-07", -7)])
+def test_a_non_decimal_integer_is_refused_not_silently_converted(tmp_path, text, read_as):
+    # YAML 1.1 reads `steps: 010` as 8; a params file means decimal
+    path = tmp_path / "params.yaml"
+    path.write_text(f"train:\n  steps: {text}\n")
+    with pytest.raises(ConfigError, match=rf"train\.steps: '{re.escape(text)}' on line 2 is not a decimal integer .*as {read_as}"):
+        config._read_yaml(path)
+    path.write_text("train:\n  steps: 1_000\n  lr: 0.001\n  name: '010'\n")
+    assert config._read_yaml(path)["train"] == {"steps": 1000, "lr": 0.001, "name": "010"}
+
+
+def test_a_device_as_params_file_is_named_as_such():
+    with pytest.raises(ConfigError, match="/dev/zero: is not a regular file"):
+        config._read_yaml(__import__("pathlib").Path("/dev/zero"))

@@ -802,6 +802,22 @@ def _check_decimal(text: str, name: str, line: int, source: str) -> None:
                           "write it in decimal", source)
 
 
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def as_bool(value: Any, name: str) -> bool:
+    """A notebook's boolean parameter as papermill hands it over: a bool, 0 / 1, or text
+    (`-p flag false` arrives as the string "false", which ``bool`` would make True). Anything
+    else is a one-line ConfigError naming the parameter."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(name, f"must be true or false, got {value!r}", source="notebook parameter")
+
+
 def _read_yaml(path: Path, source: Optional[str] = None) -> dict:
     """The top-level mapping of a params or profile file; every problem is one ConfigError line
     naming the file (`source`, default the path)."""

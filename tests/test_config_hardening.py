@@ -343,3 +343,16 @@ def test_a_non_decimal_integer_is_refused_not_silently_converted(tmp_path, text,
 def test_a_device_as_params_file_is_named_as_such():
     with pytest.raises(ConfigError, match="/dev/zero: is not a regular file"):
         config._read_yaml(__import__("pathlib").Path("/dev/zero"))
+
+
+def test_notebook_boolean_parameters_parse_papermills_text():
+    # `papermill ... -p unsafe_host_execution false` hands the notebook the string "false"
+    assert config.as_bool("false", "unsafe_host_execution") is False and config.as_bool("False", "x") is False
+    assert config.as_bool("true", "x") is True and config.as_bool(True, "x") is True and config.as_bool(0, "x") is False
+    with pytest.raises(ConfigError, match="unsafe_host_execution: must be true or false, got 'maybe'"):
+        config.as_bool("maybe", "unsafe_host_execution")
+    import json
+
+    for nb in sorted((config.ROOT / "notebooks").glob("*.ipynb")):
+        code = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+        assert "bool(" not in code.replace("as_bool(", ""), f"{nb.name}: a parameter through bool() reads 'false' as True"

@@ -40,12 +40,14 @@ and the loops move them where they belong (``load_state_dict`` copies into the m
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -96,7 +98,18 @@ class RunLock:
 
     def _open_locked(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a run.lock planted as a symbolic link is refused, its target never truncated
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise RunLocked(f"lock file {self.path} is a symbolic link (to {os.readlink(self.path)!r}); refusing to "
+                                "write through it: remove it") from None
+            if e.errno == errno.EISDIR:
+                raise RunLocked(f"lock file {self.path} is a directory; remove it") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunLocked(f"lock file {self.path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # BlockingIOError: held elsewhere

@@ -159,3 +159,18 @@ def test_when_no_checkpoint_verifies_the_run_is_refused_and_nothing_is_overwritt
         train("tadm", _params(**{"train.steps": 4}), data_dir=micro_packed, root=tmp_path, **QUIET)
     assert "\n" not in str(err.value) and "no checkpoint verifies" in str(err.value) and "--restart" in str(err.value)
     assert _checkpoint_files(run_dir) == before
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ck.LOCK).symlink_to(target)
+    with pytest.raises(ck.RunLocked, match="is a symbolic link .*refusing to write through it"):
+        ck.RunLock(run_dir, "x").acquire()
+    assert target.read_text() == "keep me\n"
+    (run_dir / ck.LOCK).unlink()
+    (run_dir / ck.LOCK).mkdir()  # not a regular file either
+    with pytest.raises(ck.RunLocked, match="is a directory"):
+        ck.RunLock(run_dir, "x").acquire()

@@ -195,6 +195,10 @@ class SampleConfig:
     # one process, throughput_rounds rounds of one batch of throughput_batch sequences per row and budget
     throughput_rounds: int = spec(5, ge=1)
     throughput_batch: int = spec(16, ge=1)
+    # anchor staleness (notebooks/anchor_staleness.ipynb): sequences of its recorded trajectory (the
+    # bootstrap's units) and that trajectory's T (0: the canvas length, where Table 2 uses K = 8)
+    staleness_samples: int = spec(20, ge=2)
+    staleness_steps: int = spec(0, ge=0)
 
 
 @dataclass

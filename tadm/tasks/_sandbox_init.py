@@ -7,7 +7,11 @@ fresh PID, mount, network, IPC and UTS namespaces, with root's capabilities over
 root, or root of a fresh user namespace). ``SPEC`` is JSON:
 
 ``root``     an empty host directory to build the new root in (a tmpfs is mounted on it);
-``work``     the host directory mounted read-write at ``/sandbox`` (the program's cwd);
+``work``     the host directory holding the program: its files are copied into ``/sandbox``, a
+             size-capped tmpfs (the program's cwd), so nothing the code writes reaches host disk;
+``disk_mb``  the size of each of the two writable tmpfs, ``/sandbox`` and ``/tmp``;
+``marker``   a host file descriptor, moved to fd 3 for the program: where the prelude, as pid 1,
+             records the signal it ended the program by (see sandbox.SIGNAL_FD);
 ``ro``       host paths shown read-only at the same place (the interpreter, /usr, /lib...);
 ``userns``   whether ``unshare`` made a user namespace (the evaluator is not root);
 ``uid``      the uid/gid the program runs as: as real root, setresuid to it (caps are lost);
@@ -15,6 +19,11 @@ root, or root of a fresh user namespace). ``SPEC`` is JSON:
 ``nproc``    RLIMIT_NPROC applied after the switch (the kernel refuses the exec if it is applied
              before, as the process itself would exceed it);
 ``argv``, ``env``  what to exec, inside the new root, in ``/sandbox``.
+
+Just before the exec it re-arms the parent-death signal (SIGKILL when ``unshare`` dies; the uid
+switch cleared the one ``--kill-child`` set) and installs a seccomp filter
+(:mod:`tadm.tasks._sandbox_seccomp`) that refuses new namespaces, io_uring, mounts, ptrace, bpf,
+keyrings and clearing that parent-death signal.
 
 Any failure ends it with exit status 125 and one line on stderr that starts with
 ``sandbox-init:``. Stdlib only; it runs under the run's rlimits.
@@ -25,19 +34,34 @@ import json
 import os
 import platform
 import resource
+import signal
 import sys
+
+
+def _load_beside(name: str):
+    """A module from this file's directory (`python -I` leaves the script's directory off sys.path)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_sandbox_seccomp = _load_beside("_sandbox_seccomp")  # loaded before pivot_root hides the host
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 CLONE_NEWUSER = 0x10000000
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
+SIGNAL_FD = 3  # the prelude's marker descriptor (sandbox.SIGNAL_FD)
 # mount flags a bind remount must keep (statvfs reports them with the same bit values)
 KEPT_FLAGS = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096  # noatime, nodiratime, relatime
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SANDBOX_DIR = "/sandbox"
-TMP_SIZE = "64m"
+TMP_INODES = 4096  # files a tmpfs may hold (the size caps bytes, this caps inodes)
 EXIT_FAILED = 125
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -86,6 +110,21 @@ def place(root: str, path: str) -> str:
     return target
 
 
+def copy_program(source: str, target: str, owner: int | None) -> None:
+    """Copy the program's files from the host directory into the sandbox's tmpfs; as real root,
+    hand the directory and the files to the sandbox uid (in a user namespace they belong to the
+    namespace's root, which the nested namespace maps the sandbox uid to)."""
+    for name in os.listdir(source):
+        with open(os.path.join(source, name), "rb") as f:
+            data = f.read()
+        with open(os.path.join(target, name), "wb") as f:
+            f.write(data)
+        if owner is not None:
+            os.chown(os.path.join(target, name), owner, owner)
+    if owner is not None:
+        os.chown(target, owner, owner)
+
+
 def build_root(spec: dict) -> None:
     root = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE, step="make mounts private")
@@ -103,9 +142,11 @@ def build_root(spec: dict) -> None:
     os.makedirs(root + "/proc")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, step="mount a private /proc")
     os.makedirs(root + "/tmp")
-    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMP_SIZE},mode=1777", step="tmpfs /tmp")
+    size = f"size={int(spec['disk_mb'])}m,nr_inodes={TMP_INODES}"
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777", step="tmpfs /tmp")
     os.makedirs(root + SANDBOX_DIR)
-    bind(spec["work"], root + SANDBOX_DIR, read_only=False)
+    mount("tmpfs", root + SANDBOX_DIR, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=0700", step="tmpfs /sandbox")
+    copy_program(spec["work"], root + SANDBOX_DIR, owner=None if spec["userns"] else spec["uid"])
     mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, step="read-only root")
     os.chdir(root)
     number = PIVOT_ROOT.get(platform.machine())
@@ -131,13 +172,26 @@ def drop_privileges(uid: int, in_user_namespace: bool) -> None:
         fail("drop privileges", f"uid is {os.getuid()}/{os.geteuid()}, not {uid}")
 
 
+def marker_to_fd3(fd: int) -> None:
+    """The prelude's signal marker at the fd it knows, inherited by the program."""
+    if fd != SIGNAL_FD:
+        os.dup2(fd, SIGNAL_FD)
+        os.close(fd)
+    os.set_inheritable(SIGNAL_FD, True)
+
+
 def main() -> None:
     try:
         spec = json.loads(sys.argv[1])
+        marker_to_fd3(spec["marker"])
         build_root(spec)
         drop_privileges(spec["uid"], spec["userns"])
         resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
         os.chdir(SANDBOX_DIR)
+        # the uid switch cleared --kill-child's parent-death signal: re-arm it (the filter below
+        # keeps the program from clearing it), so the program dies with `unshare`
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent-death signal")
+        _sandbox_seccomp.install(libc)
     except SystemExit:
         raise
     except BaseException as e:  # noqa: BLE001 -- any failure: one line, one exit status

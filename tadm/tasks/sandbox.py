@@ -14,8 +14,10 @@ mode, no site-packages, no bytecode writes) through util-linux ``unshare`` and
    ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, the dynamic loader's files in ``/etc`` and the
    interpreter's own prefix (where it lives outside ``/usr``, e.g. a pyenv under ``/root``);
    ``/dev/{null,zero,full,random,urandom}``; a **private** ``/proc`` (only the sandbox's own
-   processes: no ``/proc/<evaluator pid>/environ``); a private 64 MiB tmpfs ``/tmp``; and the
-   throw-away directory, read-write, at ``/sandbox`` (cwd, HOME and TMPDIR). Nothing else of the
+   processes: no ``/proc/<evaluator pid>/environ``); a private tmpfs ``/tmp``; and a private
+   tmpfs at ``/sandbox`` (cwd, HOME and TMPDIR) holding a copy of the program. The two tmpfs are
+   the only writable places, ``DISK_MB`` (64 MiB) and 4,096 files each: nothing the code writes
+   reaches the host's disk, and it all goes with the mount namespace. Nothing else of the
    host is reachable: not the repository, not HOME, not the venv, not ``/etc/passwd``. All
    mounts are nosuid and nodev. The environment is PATH, HOME, TMPDIR and a UTF-8 locale only.
 3. **An unprivileged uid**: the code runs as uid/gid 65534 (``nobody``), with no supplementary
@@ -28,9 +30,18 @@ mode, no site-packages, no bytecode writes) through util-linux ``unshare`` and
    seconds (``ceil(timeout_s) + 1``), file size (10 MiB -- also caps stdout/stderr, which go to
    files), open files (64), processes (0; set by ``_sandbox_init`` after the uid switch, as the
    kernel would otherwise refuse the exec) and core dumps (0).
-5. **A separate process group**: on the wall-clock timeout the whole group is killed (SIGKILL),
-   and it is killed again after every run; ``--kill-child`` takes the namespace down with it.
-6. **A Python prelude** run before the code, as defence in depth only: it disables sockets and
+5. **Nothing outlives the run**: after every run (and on the wall-clock timeout) the evaluator
+   SIGKILLs the PID namespace's init -- the program -- which takes every process of the namespace
+   with it, whatever session or group it moved to (``setsid``), then ``unshare``'s process group.
+   Should that be missed, the program carries a parent-death signal (SIGKILL when ``unshare``
+   dies; re-armed after the uid switch, which clears the one ``--kill-child`` set), and
+   ``unshare`` one for the evaluator's own death.
+6. **A seccomp filter** (:mod:`tadm.tasks._sandbox_seccomp`, x86-64 and aarch64), installed last
+   before the exec: no new namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``; a
+   nested user namespace, with its capabilities, used to be possible), no ``io_uring``, no
+   mounts, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``ptrace`` or keyrings, and no clearing
+   of the parent-death signal: each answers EPERM; another ABI kills the process.
+7. **A Python prelude** run before the code, as defence in depth only: it disables sockets and
    name lookups, process creation, signals to other processes, ``ctypes`` and writes outside the
    sandbox directory, so that the common accidents of generated code -- a stray
    ``os.system("rm ...")``, a download, a ``multiprocessing.Pool`` -- end in a clean
@@ -55,7 +66,9 @@ what the prelude catches. Use it only for code you trust or inside a disposable 
 Limits of the boundary, stated plainly: the code shares the host kernel (a kernel exploit is out
 of scope); ``/usr`` and the interpreter's prefix are readable (they hold no secrets on a normal
 set-up -- put none there); the sysctls under ``/proc/sys`` are readable; the set-up (a few
-milliseconds of CPU) counts against the run's CPU limit.
+milliseconds of CPU) counts against the run's CPU limit; the tmpfs pages (up to 2 x ``DISK_MB``)
+are memory outside the address-space limit ``memory_mb``; the syscalls the filter allows are the
+kernel surface that remains (the seccomp filter is a deny list, not an allow list).
 
 Being pid 1 changes one thing for the code: the kernel ignores default-action signals that a
 namespace's init sends itself. The prelude makes ``os.kill(os.getpid(), sig)``,
@@ -95,10 +108,16 @@ OPEN_FILES_LIMIT = 64
 STDERR_LIMIT = 4000  # characters of stderr kept (the tail: where a traceback ends)
 PROGRAM_NAME = "main.py"
 CLONE_NEWNET = 0x40000000
-# Written (in the sandbox dir) by the prelude, which spells the name out, when as pid 1 of a PID
-# namespace it ends the program "by a signal" the kernel would not deliver (see the module
-# docstring); it holds the signal's number, and the exit code is 128 + that number.
-SIGNAL_MARKER = ".sandbox-signal"
+# The descriptor (a host file, not reachable by path from inside) the prelude writes to, spelling
+# the number out, when as pid 1 of a PID namespace it ends the program "by a signal" the kernel
+# would not deliver (see the module docstring); it holds the signal's number, and the exit code is
+# 128 + that number.
+SIGNAL_FD = 3
+# Each of the two writable places inside, /sandbox (the cwd) and /tmp, is a tmpfs of this size:
+# the code's files never reach host disk, and all it can write is 2 x this (plus its stdout and
+# stderr, 10 MiB each) -- held in memory, and gone with its mount namespace.
+DISK_MB = 64
+PR_SET_PDEATHSIG = 1
 PROBE_TIMEOUT_S = 20.0
 
 # The OS boundary: the uid the code runs as, where its directory appears, the namespaces.
@@ -276,8 +295,7 @@ def _sandbox_guard():
     def die_by(sig):
         if namespace_init and sig and sig not in not_fatal and signal.getsignal(sig) == signal.SIG_DFL:
             try:
-                with real_open(os.path.join(root, ".sandbox-signal"), "w") as f:
-                    f.write(str(int(sig)))
+                os.write(3, str(int(sig)).encode())  # sandbox.SIGNAL_FD, a host file
             except OSError:
                 pass
             os._exit(128 + int(sig))
@@ -398,6 +416,7 @@ def _child_setup(limits: list[tuple[int, tuple[int, int]]], *, new_net: bool = F
     them across exec) and, on the unsafe host route only, try a fresh network namespace."""
 
     def setup() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the run dies with the evaluator
         for res, values in limits:
             resource.setrlimit(res, values)
         if new_net:
@@ -423,10 +442,11 @@ def _read_only_paths(python: str) -> list[str]:
     return paths
 
 
-def _init_argv(isolation: _Isolation, base: str, work: str, env: dict[str, str]) -> list[str]:
+def _init_argv(isolation: _Isolation, base: str, work: str, env: dict[str, str], marker: int) -> list[str]:
     """unshare ... -- python -I -S _sandbox_init.py SPEC: the run's full argv on the sandbox route."""
     python = _interpreter()
     spec = {"root": os.path.join(base, "root"), "work": work, "ro": _read_only_paths(python),
+            "disk_mb": DISK_MB, "marker": marker,
             "userns": isolation.user_namespace, "uid": SANDBOX_UID, "nproc": 0, "env": env,
             "argv": [python, "-I", "-S", "-B", PROGRAM_NAME]}
     return [*isolation.prefix, python, "-I", "-S", "-B", str(INIT_SCRIPT), json.dumps(spec)]
@@ -499,7 +519,23 @@ def _warn_unsafe(why: str) -> None:
                          f"and rlimits (--unsafe-host-execution; {why})\n")
 
 
+def _children(pid: int) -> list[int]:
+    """The children of `pid` (its main thread's; ``unshare`` has one thread)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def _kill_group(pgid: int) -> None:
+    """Kill the run: first the namespace's init (``unshare``'s child; its death takes every
+    process of the PID namespace with it, whatever session or group they moved to), then
+    ``unshare``'s process group."""
+    for pid in _children(pgid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -541,14 +577,14 @@ def _classify(returncode: int, timed_out: bool, stderr: str) -> str:
     return "killed" if returncode < 0 else "error"
 
 
-def _signal_from_marker(returncode: int, workdir: str) -> int:
-    """-N where the prelude, as pid 1 of a PID namespace, exited with 128+N for signal N."""
+def _signal_from_marker(returncode: int, marker) -> int:
+    """-N where the prelude, as pid 1 of a PID namespace, exited with 128+N for signal N (and
+    wrote N to the `marker` file, the program's SIGNAL_FD)."""
     if not 128 < returncode < 128 + signal.NSIG:
         return returncode
     try:
-        with open(os.path.join(workdir, SIGNAL_MARKER), encoding="ascii") as f:
-            marked = int(f.read(8))
-    except (OSError, ValueError):
+        marked = int(_read(marker, 8))
+    except ValueError:
         return returncode
     return -marked if marked == returncode - 128 else returncode
 
@@ -563,22 +599,22 @@ def _spawn(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
         os.mkdir(work)
         with open(os.path.join(work, PROGRAM_NAME), "w", encoding="utf-8") as f:
             f.write(program)
-        if isolation is not None:
-            os.mkdir(os.path.join(base, "root"))
-            if not isolation.user_namespace:  # real root: the code runs as SANDBOX_UID, let it write
-                os.chown(work, SANDBOX_UID, SANDBOX_UID)
-            env = {"PATH": SANDBOX_PATH, "HOME": SANDBOX_DIR, "TMPDIR": SANDBOX_DIR, "LC_ALL": "C.UTF-8"}
-            argv, cwd, launcher_env = _init_argv(isolation, base, work, env), base, {"PATH": SANDBOX_PATH}
-            setup = _child_setup(_limits(timeout_s, memory_mb, nproc=False))
-        else:
-            env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": work, "TMPDIR": work, "LC_ALL": "C.UTF-8"}
-            argv, cwd, launcher_env = [sys.executable, "-I", "-S", "-B", PROGRAM_NAME], work, env
-            setup = _child_setup(_limits(timeout_s, memory_mb), new_net=True)
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp, \
+                tempfile.TemporaryFile() as marker:
+            if isolation is not None:
+                os.mkdir(os.path.join(base, "root"))
+                env = {"PATH": SANDBOX_PATH, "HOME": SANDBOX_DIR, "TMPDIR": SANDBOX_DIR, "LC_ALL": "C.UTF-8"}
+                argv = _init_argv(isolation, base, work, env, marker.fileno())
+                cwd, launcher_env, pass_fds = base, {"PATH": SANDBOX_PATH}, (marker.fileno(),)
+                setup = _child_setup(_limits(timeout_s, memory_mb, nproc=False))
+            else:
+                env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": work, "TMPDIR": work, "LC_ALL": "C.UTF-8"}
+                argv, cwd, launcher_env = [sys.executable, "-I", "-S", "-B", PROGRAM_NAME], work, env
+                setup, pass_fds = _child_setup(_limits(timeout_s, memory_mb), new_net=True), ()
             inp.write(stdin.encode("utf-8"))
             inp.seek(0)
             proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env, stdin=inp, stdout=out, stderr=err,
-                                    close_fds=True, start_new_session=True, preexec_fn=setup)
+                                    close_fds=True, pass_fds=pass_fds, start_new_session=True, preexec_fn=setup)
             try:
                 returncode, timed_out = proc.wait(timeout=timeout_s), False
             except subprocess.TimeoutExpired:
@@ -588,7 +624,7 @@ def _spawn(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
                 returncode = proc.wait()
             stdout, stderr = _read(out, FILE_SIZE_LIMIT), _read(err, FILE_SIZE_LIMIT)
             if isolation is not None:
-                returncode = _signal_from_marker(returncode, work)
+                returncode = _signal_from_marker(returncode, marker)
     finally:
         _remove_tree(base)
     return returncode, timed_out, stdout, stderr

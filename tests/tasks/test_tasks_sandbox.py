@@ -576,3 +576,168 @@ def test_host_files_and_the_evaluators_directories_are_not_visible():
     expected = [prefix.relative_to(home).parts[0]] if prefix.is_relative_to(home) else []
     assert in_home == str(expected), result.stdout
     assert_still_works()
+
+
+# --- nothing outlives the run, nothing fills the host's disk, no new namespaces (issue 33) -----
+
+
+def _sandbox_processes(token: str) -> list[int]:
+    """Host pids of live (not zombie) sandboxed programs whose main.py holds `token`: their
+    /proc/<pid>/cwd resolves in their own mount namespace, at /sandbox."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"main.py" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            if token in Path(f"/proc/{pid}/cwd/main.py").read_text() and not process_gone(int(pid)):
+                found.append(int(pid))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return found
+
+
+def _run_and_watch(program: str, token: str, **kw) -> tuple[sandbox.SandboxResult, list[int]]:
+    """Run `program`, noting the host pids of its processes while it runs (polled)."""
+    import threading
+
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(_sandbox_processes(token))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = raw(program, **kw)
+    finally:
+        done.set()
+        watcher.join()
+    return result, sorted(seen)
+
+
+@pytest.mark.parametrize("backup_only", [False, True], ids=["killed-by-the-evaluator", "parent-death-signal"])
+def test_a_detached_program_does_not_outlive_the_run(monkeypatch, backup_only):
+    """setsid() takes the program out of the process group the evaluator kills, and the uid
+    switch cleared --kill-child's parent-death signal: it used to live on (uid nobody, parent pid
+    1). Now the evaluator kills the namespace's init itself, and, should that be missed
+    (`backup_only`: only unshare's group is killed), the re-armed parent-death signal does."""
+    if backup_only:
+        monkeypatch.setattr(sandbox, "_children", lambda pid: [])
+    token = f"tadm-detach-{os.getpid()}-{time.time_ns()}"
+    program = f"import os, signal, time\n# {token}\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nos.setsid()\ntime.sleep(60)\n"
+    result, seen = _run_and_watch(program, token, timeout_s=2.0)
+    assert result.reason == "timeout", result
+    assert seen, "the watcher never saw the program run"
+    assert all(wait_gone(pid, within_s=3.0) for pid in seen), seen
+    assert not _sandbox_processes(token)
+    if os.geteuid() == 0:  # the code ran as SANDBOX_UID: none of that uid may remain from it
+        assert all(process_gone(pid) for pid in seen)
+    assert_still_works()
+
+
+def test_the_programs_writable_space_is_capped_and_off_the_host_disk(tmp_path, monkeypatch):
+    """/sandbox and /tmp are tmpfs of DISK_MB each: a loop that wrote 1.5 GB to the host's /tmp
+    now stops at the cap (ENOSPC), and the throw-away host directory stays empty of its files."""
+    monkeypatch.setattr(sandbox.tempfile, "tempdir", str(tmp_path))
+    program = (
+        "import os\nwritten = {}\n"
+        "for place in ('.', '/tmp'):\n    n = 0\n    try:\n"
+        "        for i in range(40):\n            with open(os.path.join(place, f'fill{i}'), 'wb') as f:\n"
+        "                for _ in range(8):\n                    f.write(b'x' * (1 << 20))\n                    n += 1\n"
+        "    except OSError as e:\n        written[place] = (n, e.errno)\n    else:\n        written[place] = (n, 0)\n"
+        "print(written)\nprint(sum(len(files) for _, _, files in os.walk('.')))\n"
+    )
+    watched = []
+    real_remove = sandbox._remove_tree
+
+    def remove(path):  # how much of the run is on the host disk when it ends
+        watched.append(sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()))
+        real_remove(path)
+
+    monkeypatch.setattr(sandbox, "_remove_tree", remove)
+    result = raw(program, timeout_s=20.0)
+    assert result.passed, result
+    written = eval(result.stdout.splitlines()[0])  # noqa: S307 -- our own program's dict of ints
+    import errno as errno_module
+    for place in (".", "/tmp"):
+        mib, code = written[place]
+        assert code == errno_module.ENOSPC and mib <= sandbox.DISK_MB, written
+    assert watched and watched[0] < 1 << 20, watched  # main.py only: nothing it wrote hit the disk
+
+
+LIBC_CALLS = (
+    "import ctypes, json\nlibc = ctypes.CDLL(None, use_errno=True)\nout = {}\n"
+    "def call(name, *args):\n    rc = getattr(libc, name)(*args)\n    out[name] = (rc, ctypes.get_errno() if rc < 0 else 0)\n"
+    "call('unshare', 0x10000000)\n"  # CLONE_NEWUSER
+    "call('unshare', 0x00020000)\n"  # CLONE_NEWNS, overwrites: the last unshare is what counts
+    "buf = ctypes.create_string_buffer(120)\nrc = libc.syscall(425, 8, buf)\nout['io_uring_setup'] = (rc, ctypes.get_errno() if rc < 0 else 0)\n"
+    "call('prctl', 1, 0, 0, 0, 0)\n"  # PR_SET_PDEATHSIG 0: clearing the signal that kills it
+    "call('mount', b'none', b'/tmp', b'tmpfs', 0, None)\n"
+    "rc = libc.prctl(3, 0, 0, 0, 0)\nout['prctl_get_dumpable'] = (rc, 0)\n"  # an ordinary prctl still works
+    "print(json.dumps(out))\n"
+)
+
+
+def test_no_nested_namespaces_io_uring_or_mounts_from_the_code():
+    """Past every Python guard (ctypes, no prelude): unshare(CLONE_NEWUSER) used to succeed, with
+    every capability inside; io_uring_setup too. The seccomp filter answers EPERM."""
+    import errno as errno_module
+
+    result = raw(LIBC_CALLS)
+    assert result.passed, result
+    out = json.loads(result.stdout)
+    for name in ("unshare", "io_uring_setup", "prctl", "mount"):
+        assert out[name] == [-1, errno_module.EPERM], (name, out)
+    assert out["prctl_get_dumpable"][0] >= 0, out
+
+
+def _run_bpf(insns, nr: int, arch: int, arg0: int = 0) -> int:
+    """A classic-BPF interpreter for the instructions the filter uses, over struct seccomp_data."""
+    import struct
+
+    data = struct.pack("<iIQ6Q", nr, arch, 0, arg0 & 0xFFFFFFFFFFFFFFFF, 0, 0, 0, 0, 0)
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:
+            acc = struct.unpack_from("<I", data, k)[0]
+            pc += 1
+        elif code == 0x06:
+            return k
+        elif code in (0x15, 0x35, 0x45):
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
+            pc += 1 + (jt if taken else jf)
+        else:
+            raise AssertionError(f"unexpected instruction {code:#x}")
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_seccomp_filter_decides_as_documented(machine):
+    import errno as errno_module
+
+    from tadm.tasks import _sandbox_seccomp as sc
+
+    insns = sc.program(machine)
+    table = sc.SYSCALLS[machine]
+    arch = table["arch"]
+    eperm, enosys = sc.RET_ERRNO | errno_module.EPERM, sc.RET_ERRNO | errno_module.ENOSYS
+    for name, nr in table["deny"].items():
+        assert _run_bpf(insns, nr, arch) == eperm, name
+    assert _run_bpf(insns, table["clone3"], arch) == enosys
+    assert _run_bpf(insns, table["clone"], arch, 0x10000000) == eperm  # CLONE_NEWUSER
+    assert _run_bpf(insns, table["clone"], arch, 0x00020000 | 0x11) == eperm  # CLONE_NEWNS
+    assert _run_bpf(insns, table["clone"], arch, 0x003D0F00) == sc.RET_ALLOW  # a thread's flags
+    assert _run_bpf(insns, table["clone"], arch, 0x01200011) == sc.RET_ALLOW  # fork()'s flags
+    assert _run_bpf(insns, table["prctl"], arch, 1) == eperm  # PR_SET_PDEATHSIG
+    assert _run_bpf(insns, table["prctl"], arch, 15) == sc.RET_ALLOW  # PR_SET_NAME
+    for nr in (0, 1, 2, 3, 59, 60, 231, 424, 436, 441, 443):  # ordinary calls (x86-64 numbering)
+        if nr not in table["deny"].values() and nr not in (table["clone"], table["clone3"], table["prctl"]):
+            assert _run_bpf(insns, nr, arch) == sc.RET_ALLOW, nr
+    assert _run_bpf(insns, 0, 0x40000003) == sc.RET_KILL_PROCESS  # i386 on this filter
+    if machine == "x86_64":
+        assert _run_bpf(insns, 0x40000000 | 272, arch) == sc.RET_KILL_PROCESS  # an x32 call
+    with pytest.raises(OSError, match="no seccomp syscall table for mips"):
+        sc.program("mips")

@@ -1,0 +1,117 @@
+"""The sandbox's seccomp filter: the kernel surface generated code has no business touching.
+
+Installed by :mod:`tadm.tasks._sandbox_init` in the program's own process, after the uid switch
+and ``no_new_privs`` and just before the exec, so it binds the program and anything it could
+start. A classic-BPF program over ``struct seccomp_data`` (``nr`` at offset 0, ``arch`` at 4, the
+low 32 bits of the first argument at 16 on these little-endian machines):
+
+- a foreign ABI (another ``arch``, or x86-64's x32 calls) kills the process;
+- ``unshare``, ``setns`` and ``clone`` with any ``CLONE_NEW*`` flag: no nested namespaces, a user
+  namespace's capabilities included; ``clone3`` (its flags sit behind a pointer the filter cannot
+  read) answers ENOSYS, so the C library falls back to ``clone``;
+- ``io_uring_setup`` / ``enter`` / ``register``; ``mount``, ``umount2``, ``pivot_root`` and the
+  new mount API; ``bpf``, ``perf_event_open``, ``userfaultfd``, ``ptrace``, the keyring calls;
+- ``prctl(PR_SET_PDEATHSIG, ...)``: the program cannot clear the signal that kills it with its
+  ``unshare``;
+
+each answers EPERM. Everything else is allowed: the rlimits, the uid and the namespaces bound it.
+Stdlib only (it is loaded by path inside the sandbox's init); x86-64 and aarch64.
+"""
+
+import ctypes
+import errno
+import platform
+import struct
+
+# BPF instruction classes / modes (linux/filter.h, linux/bpf_common.h)
+LD_W_ABS = 0x00 | 0x00 | 0x20  # BPF_LD | BPF_W | BPF_ABS
+JEQ_K, JGE_K, JSET_K = 0x05 | 0x10, 0x05 | 0x30, 0x05 | 0x40  # BPF_JMP | BPF_JEQ/JGE/JSET | BPF_K
+RET_K = 0x06
+RET_ALLOW = 0x7FFF0000
+RET_KILL_PROCESS = 0x80000000
+RET_ERRNO = 0x00050000
+OFFSET_NR, OFFSET_ARCH, OFFSET_ARG0 = 0, 4, 16
+X32_SYSCALL_BIT = 0x40000000
+PR_SET_PDEATHSIG = 1
+SECCOMP_SET_MODE_FILTER = 1
+# Kernels booted with spec_store_bypass_disable=seccomp would otherwise slow a filtered process
+# down with that mitigation; it guards code sharing a process with its sandbox (a JIT), and here
+# the code has its process to itself. (On this machine's default kernel: no difference measured.)
+SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1 << 2
+CLONE_NEW_FLAGS = (0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000  # TIME NS CGROUP UTS IPC
+                   | 0x10000000 | 0x20000000 | 0x40000000)  # USER PID NET
+
+# Per machine: its audit arch, then the syscall numbers (asm/unistd.h) of each role.
+SYSCALLS = {
+    "x86_64": {
+        "arch": 0xC000003E,
+        "deny": {"unshare": 272, "setns": 308, "io_uring_setup": 425, "io_uring_enter": 426,
+                 "io_uring_register": 427, "mount": 165, "umount2": 166, "pivot_root": 155,
+                 "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+                 "fspick": 433, "mount_setattr": 442, "bpf": 321, "perf_event_open": 298,
+                 "userfaultfd": 323, "ptrace": 101, "add_key": 248, "request_key": 249, "keyctl": 250},
+        "clone": 56, "clone3": 435, "prctl": 157, "seccomp": 317,
+    },
+    "aarch64": {
+        "arch": 0xC00000B7,
+        "deny": {"unshare": 97, "setns": 268, "io_uring_setup": 425, "io_uring_enter": 426,
+                 "io_uring_register": 427, "mount": 40, "umount2": 39, "pivot_root": 41,
+                 "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+                 "fspick": 433, "mount_setattr": 442, "bpf": 280, "perf_event_open": 241,
+                 "userfaultfd": 282, "ptrace": 117, "add_key": 217, "request_key": 218, "keyctl": 219},
+        "clone": 220, "clone3": 435, "prctl": 167, "seccomp": 277,
+    },
+}
+
+
+def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> tuple[int, int, int, int]:
+    return code, jt, jf, k
+
+
+def program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The filter for `machine` (``platform.machine()``) as (code, jt, jf, k) instructions."""
+    table = SYSCALLS.get(machine)
+    if table is None:
+        raise OSError(f"no seccomp syscall table for {machine} (known: {', '.join(SYSCALLS)})")
+    deny = sorted(set(table["deny"].values()))
+    eperm, enosys = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.ENOSYS
+    out = [_insn(LD_W_ABS, OFFSET_ARCH), _insn(JEQ_K, table["arch"], 1, 0), _insn(RET_K, RET_KILL_PROCESS),
+           _insn(LD_W_ABS, OFFSET_NR)]
+    if machine == "x86_64":  # x32 calls share numbers with other meanings: refuse the ABI
+        out += [_insn(JGE_K, X32_SYSCALL_BIT, 0, 1), _insn(RET_K, RET_KILL_PROCESS)]
+    # the tail, addressed from the end: [.., clone check (3), prctl check (3), allow, eperm, enosys]
+    tail = [
+        # clone: refuse namespace flags in its first argument
+        _insn(LD_W_ABS, OFFSET_ARG0), _insn(JSET_K, CLONE_NEW_FLAGS, 4, 0), _insn(RET_K, RET_ALLOW),
+        # prctl: refuse PR_SET_PDEATHSIG
+        _insn(LD_W_ABS, OFFSET_ARG0), _insn(JEQ_K, PR_SET_PDEATHSIG, 1, 0), _insn(RET_K, RET_ALLOW),
+        _insn(RET_K, eperm), _insn(RET_K, enosys),
+    ]
+    checks = len(deny) + 3  # one jump per denied number, then clone3, clone, prctl, then allow
+    head = []
+    for i, nr in enumerate(deny):  # jump to the eperm return (the tail's second to last)
+        to_eperm = (checks - i - 1) + 1 + (len(tail) - 2)
+        head.append(_insn(JEQ_K, nr, to_eperm, 0))
+    head.append(_insn(JEQ_K, table["clone3"], 1 + 1 + 1 + len(tail) - 1, 0))  # -> enosys
+    head.append(_insn(JEQ_K, table["clone"], 1 + 1, 0))  # -> the clone check
+    head.append(_insn(JEQ_K, table["prctl"], 1 + 3, 0))  # -> the prctl check
+    head.append(_insn(RET_K, RET_ALLOW))
+    return out + head + tail
+
+
+def install(libc) -> None:
+    """Install the filter on the calling thread (no_new_privs must already be set); raises
+    OSError naming the step on failure."""
+    insns = program(platform.machine())
+    raw = b"".join(struct.pack("HBBI", *i) for i in insns)
+    buffer = ctypes.create_string_buffer(raw, len(raw))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(insns), ctypes.addressof(buffer))
+    seccomp = SYSCALLS[platform.machine()]["seccomp"]
+    if libc.syscall(ctypes.c_long(seccomp), SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_SPEC_ALLOW,
+                    ctypes.byref(fprog)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp filter: {errno.errorcode.get(err, err)}")

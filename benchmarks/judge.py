@@ -57,7 +57,7 @@ def main() -> None:
     for step in range(c.steps):
         t0 = time.perf_counter()
         x = torch.stack([torch.from_numpy(train_data[i]) for i in batches.indices(step)])
-        loss = te.train_step(model, opt, x, te.learning_rate(step, p))
+        loss, _ = te.train_step(model, opt, x, te.learning_rate(step, p))
         seconds += time.perf_counter() - t0
         done = step + 1
         if done in evals:

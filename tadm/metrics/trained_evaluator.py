@@ -127,17 +127,18 @@ def validation_nll(model, data: PackedTokens, count: int, batch: int, device) ->
     return total / tokens, tokens, scored
 
 
-def train_step(model, opt, x: torch.Tensor, lr: float) -> float:
-    """One optimiser step on the batch `x` (next-token cross-entropy); the loss."""
+def train_step(model, opt, x: torch.Tensor, lr: float) -> tuple[float, float]:
+    """One optimiser step on the batch `x` (next-token cross-entropy); the loss and the gradient
+    norm (before clipping)."""
     for group in opt.param_groups:
         group["lr"] = lr
     logits = model(input_ids=x).logits[:, :-1]
     loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), x[:, 1:])
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return float(loss.detach())
+    return float(loss.detach()), float(grad_norm)
 
 
 def word_shuffled(texts: list[str], seed: int) -> list[str]:
@@ -170,6 +171,7 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
     """:func:`train`'s body, run under the lock of its checkpoint directory."""
     from tadm.data.tokenizer import load_tokenizer
     from tadm.train import checkpoint
+    from tadm.train.divergence import check_value
     from tadm.train.trainer import GlobalBatches, _seed, adamw, resume_state
 
     manifest = data_dir / "manifest.json"
@@ -197,8 +199,10 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
     model.train()
     for step in tqdm(range(start, c.steps), initial=start, total=c.steps, desc="train[evaluator]", unit="step"):
         x = torch.stack([torch.from_numpy(train_data[i]) for i in batches.indices(step)]).to(d.device)
-        train_step(model, opt, x, learning_rate(step, p))
+        loss, grad_norm = train_step(model, opt, x, learning_rate(step, p))
         done = step + 1
+        for what, value in (("loss", loss), ("gradient norm", grad_norm)):  # read every step anyway
+            check_value("evaluator", what, done, value, checkpoint.last_good(CHECKPOINTS))
         if done % c.checkpoint_every == 0 or done == c.steps:
             sd = model.state_dict()  # no EMA: the live weights fill both slots of the checkpoint layout
             checkpoint.save(CHECKPOINTS, checkpoint.TrainState(done, sd, sd, opt.state_dict(),

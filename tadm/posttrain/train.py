@@ -44,6 +44,7 @@ from tadm.posttrain.data import SftCanvases
 from tadm.posttrain.objective import Rollout, base_loss, posttrain_loss
 from tadm.runtime import Dist, all_mean
 from tadm.train import checkpoint
+from tadm.train.divergence import FiniteWatch
 from tadm.train.trainer import GlobalBatches, _seed, adamw, hold_run, resume_state, wrap
 
 SFT_DIR = Path("data/sft")
@@ -132,6 +133,7 @@ def _locked_loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps
     order = GlobalBatches(n_data, batch * micro * d.world, seed)
     bar = tqdm(range(start, steps), initial=start, total=steps, desc=f"train[{name}]", unit="step", disable=not d.main)
     t_last = time.perf_counter()
+    watch = FiniteWatch(name, d.device)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
@@ -148,6 +150,10 @@ def _locked_loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps
         opt.step()
         opt.zero_grad(set_to_none=True)
         done = step + 1
+        watch.observe(done, total, grad_norm)
+        saved = done % checkpoint_every == 0 or done == steps
+        if done % log_every == 0 or saved:  # a host sync these steps make anyway: stop a diverged run first
+            watch.check(d.world, checkpoint.last_good(run_dir))
         if done % log_every == 0 or done == steps:
             loss_value = all_mean(float(total), d)
             now = time.perf_counter()
@@ -156,7 +162,7 @@ def _locked_loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps
                             **{k: float(v) if torch.is_tensor(v) else v for k, v in logs.items()}})
             t_last = now
             bar.set_postfix(loss=f"{history[-1]['loss']:.3f}")
-        if d.main and (done % checkpoint_every == 0 or done == steps):
+        if d.main and saved:
             weights = {n: p.detach().clone() for n, p in params.items()}
             extra = {"fingerprint": fp, "history": history, "settings": settings}
             checkpoint.save(run_dir, checkpoint.TrainState(done, weights, weights, opt.state_dict(), extra),

@@ -60,6 +60,7 @@ from safetensors.torch import load_file, save_file
 from tadm.errors import TadmError
 from tadm.io import atomic_path, atomic_write_text, sha256_file
 from tadm.runtime import host
+from tadm.train.divergence import Diverged, first_non_finite
 
 FILES = ("model.safetensors", "ema.safetensors", "optimizer.safetensors")
 LOCK = "run.lock"
@@ -221,6 +222,11 @@ def save(run_dir: Path, state: TrainState, param_names: list[str], keep: int = 2
     run_dir = Path(run_dir)
     name = f"step_{state.step:06d}"
     opt_tensors, opt_meta = _flatten_optimizer(state.optimizer, param_names)
+    for what, tensors in (("weights", state.model), ("EMA weights", state.ema), ("optimizer state", opt_tensors)):
+        bad = first_non_finite(tensors)
+        if bad is not None:  # the loops check first; this keeps any caller from writing one
+            raise Diverged(f"{run_dir}: refusing to save step {state.step}: the {what} hold NaN or inf "
+                           f"(tensor {bad}); {last_good(run_dir)}")
     with atomic_path(run_dir / name) as tmp:
         tmp.mkdir()
         save_file(_on_host(state.model), str(tmp / "model.safetensors"))
@@ -251,10 +257,22 @@ def load(ckpt_dir: Path, param_names: list[str]) -> TrainState:
             raise CheckpointCorrupt(f"{ckpt_dir}: {f} is missing or does not match its recorded hash")
     try:
         model, ema = load_file(str(ckpt_dir / "model.safetensors")), load_file(str(ckpt_dir / "ema.safetensors"))
-        opt = _unflatten_optimizer(load_file(str(ckpt_dir / "optimizer.safetensors")), meta["optimizer"], param_names)
+        opt_flat = load_file(str(ckpt_dir / "optimizer.safetensors"))
+        opt = _unflatten_optimizer(opt_flat, meta["optimizer"], param_names)
     except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError(Exception)
         raise CheckpointCorrupt(f"{ckpt_dir}: cannot read weights ({type(e).__name__}: {e})") from None
+    for what, tensors in (("model.safetensors", model), ("ema.safetensors", ema), ("optimizer.safetensors", opt_flat)):
+        bad = first_non_finite(tensors)
+        if bad is not None:
+            raise CheckpointCorrupt(f"{ckpt_dir}: {what} tensor {bad} holds NaN or inf (the run had diverged); "
+                                    f"not resumed from")
     return TrainState(step=meta["step"], model=model, ema=ema, optimizer=opt, extra=meta["extra"])
+
+
+def last_good(run_dir: Path) -> str:
+    """The newest checkpoint directory kept in `run_dir`, said in a few words (for errors)."""
+    found = candidates(run_dir) if Path(run_dir).is_dir() else []
+    return f"the last good checkpoint is kept ({found[0]})" if found else "no checkpoint had been written yet"
 
 
 def candidates(run_dir: Path) -> list[Path]:

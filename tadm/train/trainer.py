@@ -49,6 +49,7 @@ from tadm.io import read_manifest, atomic_write_json, atomic_write_text, sha256_
 from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
 from tadm.train import checkpoint
 from tadm.train.methods import Method, get_method
+from tadm.train.divergence import FiniteWatch, check_value
 
 
 @dataclass
@@ -365,6 +366,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
     bar = tqdm(range(start, p.train.steps), initial=start, total=p.train.steps, desc=f"train[{name}]",
                unit="step", disable=not d.main)
     t_last, steps_since = time.perf_counter(), 0
+    watch = FiniteWatch(name, d.device)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, p)
@@ -389,8 +391,13 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
         ema.update(model)
         steps_since += 1
         done = step + 1
+        watch.observe(done, loss_sum, grad_norm)
 
-        if done % p.train.log_every == 0 or done == p.train.steps:
+        logged, evaluated = done % p.train.log_every == 0, done % p.train.eval_every == 0
+        saved = done % p.train.checkpoint_every == 0 or done == p.train.steps
+        if logged or evaluated or saved:  # a host sync these steps make anyway: stop a diverged run first
+            watch.check(d.world, checkpoint.last_good(paths.checkpoints))
+        if logged or done == p.train.steps:
             train_loss = all_mean(float(loss_sum) / len(mine), d)  # the host sync of the interval
             now = time.perf_counter()
             row = {"step": done, "train_loss": train_loss, "lr": learning_rate(step, p),
@@ -398,14 +405,15 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
             history.append(row)
             t_last, steps_since = now, 0
             bar.set_postfix(loss=f"{row['train_loss']:.3f}")
-        if done % p.train.eval_every == 0 or done == p.train.steps:
+        if evaluated or done == p.train.steps:
             # validation on the EMA weights, the ones that get released
             live = {k: v.clone() for k, v in model.state_dict().items()}
             model.load_state_dict(ema.state_dict(model))
             nelbo = evaluate(method, model, valid_data, p, d)
             model.load_state_dict(live)
+            check_value(name, "validation NELBO", done, nelbo, checkpoint.last_good(paths.checkpoints))
             evals.append({"step": done, "val_nelbo": nelbo, "val_ppl_bound": math.exp(min(nelbo, 50))})
-        if d.main and (done % p.train.checkpoint_every == 0 or done == p.train.steps):
+        if d.main and saved:
             extra = {"fingerprint": fp, "settings": settings, "history": history, "evals": evals,
                      "init_nelbo": init_nelbo}
             # keep two while training (a kill mid-write still leaves one); at the end only the last

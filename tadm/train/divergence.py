@@ -1,0 +1,83 @@
+"""Stop a run that diverged, before it saves anything.
+
+A training step whose loss or gradient norm is NaN or infinite poisons the weights for good
+(AdamW's moments keep the NaN). :class:`FiniteWatch` notes the first such step on the device --
+a few scalar kernels per step, no host sync -- and :meth:`FiniteWatch.check` reads it at the steps
+where the loop syncs anyway (logging, evaluation, checkpointing, the end). A diverged run raises
+:class:`Diverged`: one line naming the step, the quantity and its value, and the last good
+checkpoint, which is kept (the check runs before every save). :func:`first_non_finite` is the
+same test for a whole state dict: a checkpoint is never written with, nor resumed from,
+non-finite weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tadm.errors import TadmError
+
+__all__ = ["Diverged", "FiniteWatch", "check_value", "first_non_finite"]
+
+QUANTITIES = ("loss", "gradient norm")
+
+
+class Diverged(TadmError):
+    """A training run met a non-finite loss, gradient norm or validation value."""
+
+
+def _hint(last_good: str) -> str:
+    return f"stopped, {last_good}; lower the learning rate or raise the warm-up, then resume"
+
+
+def check_value(run: str, what: str, step: int, value: float, last_good: str) -> None:
+    """Raise :class:`Diverged` if `value` (a host float: a validation NELBO, a logged loss) is
+    NaN or infinite."""
+    if not math.isfinite(value):
+        raise Diverged(f"train[{run}]: the {what} is {value} at step {step} (the run diverged); {_hint(last_good)}")
+
+
+class FiniteWatch:
+    """The first step whose loss or gradient norm is not finite, kept on `device`."""
+
+    def __init__(self, run: str, device: torch.device):
+        self.run = run
+        self.step = torch.full((), -1, dtype=torch.long, device=device)  # -1: every step finite so far
+        self.value = torch.zeros((), dtype=torch.float64, device=device)
+        self.what = torch.zeros((), dtype=torch.long, device=device)  # an index into QUANTITIES
+
+    @torch.no_grad()
+    def observe(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Record `step` (1-based, the step just taken) if it is the first non-finite one."""
+        loss_ok, grad_ok = torch.isfinite(loss), torch.isfinite(grad_norm)
+        first = (self.step < 0) & ~(loss_ok & grad_ok)
+        self.step = torch.where(first, torch.full_like(self.step, step), self.step)
+        self.value = torch.where(first, torch.where(loss_ok, grad_norm.double(), loss.double()), self.value)
+        self.what = torch.where(first, loss_ok.long(), self.what)
+
+    def check(self, world: int, last_good: str) -> None:
+        """Raise :class:`Diverged` on every process if any process saw a non-finite step (a host
+        sync; under torchrun a collective, so every process must call it at the same steps)."""
+        bad = (self.step >= 0).long().reshape(1)
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if not int(bad):
+            return
+        step = int(self.step)
+        if step < 0:
+            raise Diverged(f"train[{self.run}]: another process met a non-finite loss or gradient norm (the run "
+                           f"diverged); {_hint(last_good)}")
+        what = QUANTITIES[int(self.what)]
+        raise Diverged(f"train[{self.run}]: the {what} is {float(self.value)} at step {step} (the run diverged); "
+                       f"{_hint(last_good)}")
+
+
+def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating tensor holding a NaN or an infinity (None if all are finite)."""
+    for name, t in tensors.items():
+        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None

@@ -216,21 +216,43 @@ def estimates(p: Params, on_gpu: bool = False) -> list[Estimate]:
     return out + ([base] if base is not None else [])
 
 
+def _refuse_if_too_big(e: Estimate, key: str, available: int, where: str, source: str) -> None:
+    if e.total > available:
+        parts = f"states {e.state_bytes / GIB:.1f} GiB"
+        if e.activation_bytes:
+            parts += f" + activations {e.activation_bytes / GIB:.1f} GiB ({e.note})"
+        raise ConfigError(key, f"{e.name} needs about {e.total / GIB:.1f} GiB ({e.parameters / 1e6:,.0f}M parameters: "
+                          f"{parts}) but the machine has {available / GIB:.1f} GiB of {where}; "
+                          "shrink the model, the batch or the sequence length", source)
+
+
 def check_memory(p: Params, source: str = "params.yaml", available: Optional[int] = None,
                  where: Optional[str] = None, on_gpu: Optional[bool] = None) -> list[Estimate]:
     """Every estimate, or a one-line ConfigError naming the first that exceeds the machine
     (`available` bytes; default: :func:`machine_memory`)."""
     if available is None:
         available, where, on_gpu = machine_memory(p)
-    where = where or "memory"
     result = estimates(p, bool(on_gpu))
     for e in result:
-        if e.total > available:
-            key = "posttrain.base" if "base" in e.name else "model"
-            parts = f"states {e.state_bytes / GIB:.1f} GiB"
-            if e.activation_bytes:
-                parts += f" + activations {e.activation_bytes / GIB:.1f} GiB ({e.note})"
-            raise ConfigError(key, f"{e.name} needs about {e.total / GIB:.1f} GiB ({e.parameters / 1e6:,.0f}M parameters: "
-                              f"{parts}) but the machine has {available / GIB:.1f} GiB of {where}; "
-                              "shrink the model, the batch or the sequence length", source)
+        _refuse_if_too_big(e, "posttrain.base" if "base" in e.name else "model", available, where or "memory", source)
     return result
+
+
+def require(p: Params, estimate, key: str, source: str = "params") -> Estimate:
+    """The check of one entry point, before it allocates: `estimate(p, on_gpu)` (an Estimate)
+    against this machine (:func:`machine_memory`); a one-line ConfigError naming `key`, the
+    estimate and what is available when it cannot fit."""
+    available, where, on_gpu = machine_memory(p)
+    e = estimate(p, on_gpu)
+    _refuse_if_too_big(e, key, available, where, source)
+    return e
+
+
+def module_estimate(name: str, build, note: str = "activations not estimated") -> Estimate:
+    """Training states (STATE_BYTES per parameter) of the module `build()` makes, counted on the
+    meta device (nothing allocated); for models without a closed formula (the trained judge)."""
+    import torch
+
+    with torch.device("meta"):
+        n = sum(t.numel() for t in build().parameters())
+    return Estimate(name, n, STATE_BYTES * n, 0, note)

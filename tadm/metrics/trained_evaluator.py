@@ -179,6 +179,12 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
     tokenizer = load_tokenizer(tokenizer_dir)
     train_data, valid = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
     c = p.eval.trained
+    # before anything is allocated: will it fit this machine? (counted on the meta device)
+    from tadm import memory_estimate
+
+    memory_estimate.require(p, lambda q, on_gpu: memory_estimate.module_estimate(
+        "train evaluator", lambda: build(q, meta["vocab_size"], meta["seq_len"], meta["bos_id"], meta["eos_id"])),
+        "eval.trained")
     torch.manual_seed(_seed(p.seed, 0xE7A1))
     with torch.device(d.device):
         model = build(p, meta["vocab_size"], meta["seq_len"], meta["bos_id"], meta["eos_id"])

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from tadm import runtime
+from tadm import memory_estimate, runtime
 from tadm.config import Params
 from tadm.data import chat
 from tadm.io import atomic_write_json, sha256_file
@@ -186,6 +186,8 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
 
     d = runtime.setup(p.runtime)
     b, pt = p.posttrain.base, p.posttrain
+    if pt.base_model == "local":  # before anything is allocated: will it fit this machine?
+        memory_estimate.require(p, lambda q, on_gpu: memory_estimate.base_estimate(q, on_gpu), "posttrain.base")
     chat.add_chat_tokens(tokenizer)  # the SFT canvases' turn markers (saved with the base below)
     pad, eos = _pad_and_eos(tokenizer)
     data = SftCanvases(sft_dir, "train", pt.canvas_length, pt.max_context_tokens, pad)

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tadm import runtime
+from tadm import memory_estimate, runtime
 from tadm.config import Params
 from tadm.data.packing import PACK_HINT, PackedTokens
 from tadm.errors import ConfigError, TadmError
@@ -311,6 +311,8 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     # (nothing is written, not even the lock, for data that does not match)
     meta = read_manifest(data_dir, "pack", PACK_HINT)["counts"]
     data = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
+    # before anything is allocated (or the run directory touched): will it fit this machine?
+    memory_estimate.require(p, lambda q, on_gpu: memory_estimate.training_estimate(name, q, on_gpu), "model")
     with hold_run(RunPaths.for_run(name, root).checkpoints, d, f"python -m tadm train {name}"):
         return _train(name, p, d, data_dir, meta, data, root, log, restart)
 

@@ -1,10 +1,12 @@
-"""A diverged run stops (issue 33, item 4): a non-finite loss or gradient norm ends training in
-one line naming the step and the value, with a non-zero exit, keeping the last good checkpoint;
-a checkpoint is never written with, nor resumed from, non-finite weights."""
+"""Guards of a training run (issue 33). A diverged run stops (item 4): a non-finite loss or
+gradient norm ends training in one line naming the step and the value, with a non-zero exit,
+keeping the last good checkpoint; a checkpoint is never written with, nor resumed from,
+non-finite weights. A model that cannot fit is refused before anything is allocated (item 5)."""
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +120,33 @@ def test_the_post_training_loop_stops_on_a_nan_loss_too(tmp_path):
         _loop("toy", module, loss_fn, steps=6, batch=2, micro=1, n_data=8, lr_at=lambda s: 1e-2, opt=opt, clip=1.0,
               run_dir=tmp_path, settings={"toy": 1}, seed=0, log_every=10, checkpoint_every=2, d=d, **QUIET)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000002"]
+
+
+# --- the memory estimate at every entry point that builds a model (issue 33, item 5) ----------
+
+
+def test_train_refuses_a_model_that_cannot_fit_before_allocating(micro_packed, tmp_path):
+    """`model.d_model: 1048576` used to end in a raw allocator traceback."""
+    p = config.from_dict(micro_raw(**{"model.d_model": 1048576, "model.n_heads": 1}))
+    with pytest.raises(config.ConfigError) as err:
+        train("mdlm", p, data_dir=micro_packed, root=tmp_path, **QUIET)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("params: model: train mdlm needs about"), message
+    assert "GiB of RAM" in message and "shrink the model" in message, message
+    assert not (tmp_path / "checkpoints").exists()  # refused before the run directory is touched
+
+
+def test_the_post_training_base_and_the_judge_refuse_too(micro_packed, tmp_path, monkeypatch):
+    from tadm import memory_estimate as me
+    from tadm import runtime
+    from tadm.metrics import trained_evaluator as te
+    from tadm.posttrain import train as pt_train
+
+    monkeypatch.setattr(me, "machine_memory", lambda p: (1 << 10, "RAM", False))  # a 1 KiB machine
+    monkeypatch.chdir(tmp_path)  # the judge's checkpoints are relative to the working directory
+    p = config.from_dict(micro_raw())
+    with pytest.raises(config.ConfigError, match=r"posttrain.base: train posttrain base \(dg_base\) needs about"):
+        pt_train.train_base(p, tokenizer=None, sft_dir=tmp_path, root=tmp_path, **QUIET)
+    d = runtime.setup(p.runtime)
+    with pytest.raises(config.ConfigError, match=r"eval.trained: train evaluator needs about .* of RAM"):
+        te._train(p, micro_packed, micro_packed.parent / "tokenizer", False, lambda *_: None, d)

@@ -396,11 +396,47 @@ def sft_rows(sft_dir: str | Path, split: str, source: str | None = None) -> list
     return rows
 
 
+def _first_bad(bad: np.ndarray) -> int | None:
+    """The index of the first True of `bad` (None if none)."""
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) if len(hits) else None
+
+
+def _check_ranges(tokens: np.ndarray, offsets: np.ndarray, canvases: np.ndarray, where) -> None:
+    """Every example inside the token array with a prompt (>= 0 tokens) and a response (>= 1);
+    every canvas naming an example, starting inside its response, at a time t in (0, 1). One
+    DataError naming the file, the row and the value otherwise (the arrays may agree with the
+    manifest and still index outside the data)."""
+    n = len(tokens)
+    start, prompt, response = (offsets[k].astype(np.int64) for k in ("start", "prompt_len", "response_len"))
+    for field, bad, rule in (("start", (start < 0) | (start > n), f"in [0, {n}]"),
+                             ("prompt_len", prompt < 0, ">= 0"), ("response_len", response < 1, ">= 1"),
+                             ("start + prompt_len + response_len", start + prompt + response > n, f"<= {n} tokens")):
+        row = _first_bad(bad)
+        if row is not None:
+            raise DataError(f"{where('offsets')}: example {row}: {field} must be {rule} (start {start[row]}, prompt_len "
+                            f"{prompt[row]}, response_len {response[row]}); {SFT_HINT}")
+    example = canvases["example"].astype(np.int64)
+    row = _first_bad((example < 0) | (example >= len(offsets)))
+    if row is not None:
+        raise DataError(f"{where('canvases')}: canvas {row} names example {example[row]}, outside "
+                        f"0..{len(offsets) - 1}; {SFT_HINT}")
+    if len(canvases):
+        begin, t = canvases["start"].astype(np.int64), canvases["t"].astype(np.float64)
+        row = _first_bad((begin < 0) | (begin >= response[example]))
+        if row is not None:
+            raise DataError(f"{where('canvases')}: canvas {row} starts at {begin[row]}, outside the response of example "
+                            f"{example[row]} (0..{response[example[row]] - 1}); {SFT_HINT}")
+        row = _first_bad(~((t > 0) & (t < 1)))
+        if row is not None:
+            raise DataError(f"{where('canvases')}: canvas {row} has t = {t[row]}, outside (0, 1); {SFT_HINT}")
+
+
 def load_split_arrays(sft_dir: str | Path, split: str) -> tuple[dict, SftArrays]:
     """The token arrays of one split, memory-mapped, after checking them against the sft
-    manifest: each file listed with the same SHA-256, dtypes, sizes equal to the counts,
-    offsets inside the token array, canvases naming existing examples, and every token id in
-    [0, vocab_size). Returns (manifest, arrays)."""
+    manifest: each file listed with the same SHA-256, dtypes, sizes equal to the counts, every
+    token id in [0, vocab_size), and the indices in range (:func:`_check_ranges`). Returns
+    (manifest, arrays)."""
     sft_dir = Path(sft_dir)
     m = read_manifest(sft_dir, "sft", SFT_HINT)
     counts = m["counts"].get(split)
@@ -432,9 +468,5 @@ def load_split_arrays(sft_dir: str | Path, split: str) -> tuple[dict, SftArrays]
             bad = lo if lo < 0 else hi
             what = f"the mask id {vocab}" if bad == vocab else f"token id {bad}, outside the vocabulary"
             raise DataError(f"{where('tokens')}: holds {what} (ids must lie in [0, vocab_size = {vocab})); {SFT_HINT}")
-    ends = offsets["start"].astype(np.int64) + offsets["prompt_len"] + offsets["response_len"]
-    if len(offsets) and (int(offsets["start"].min()) < 0 or int(ends.max()) > len(tokens)):
-        raise DataError(f"{where('offsets')}: an example lies outside {where('tokens').name} ({len(tokens)} tokens); {SFT_HINT}")
-    if len(canvases) and (int(canvases["example"].min()) < 0 or int(canvases["example"].max()) >= len(offsets)):
-        raise DataError(f"{where('canvases')}: a canvas names an example outside 0..{len(offsets) - 1}; {SFT_HINT}")
+    _check_ranges(tokens, offsets, canvases, where)
     return m, SftArrays(tokens=tokens, offsets=offsets, canvases=canvases)

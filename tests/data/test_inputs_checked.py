@@ -296,10 +296,47 @@ def sft_jsonl_edited(d: Path) -> str:
     return "train.jsonl: sha256 differs from manifest.json"
 
 
+def _sft_field(d: Path, kind: str, field: str, value, row: int = 0) -> None:
+    """Set one field of one row of a structured SFT array, the manifest's hash kept consistent
+    (the attack of issue 33, item 8: the arrays agree with the manifest and index outside)."""
+    a = np.load(d / f"train_{kind}.npy")
+    a[field][row] = value
+    np.save(d / f"train_{kind}.npy", a)
+    _rehash(d, f"train_{kind}.npy")
+
+
+def sft_canvas_start_beyond(d: Path) -> str:
+    _sft_field(d, "canvases", "start", 10**6)
+    return "train_canvases.npy: canvas 0 starts at 1000000, outside the response of example"
+
+
+def sft_canvas_start_negative(d: Path) -> str:
+    _sft_field(d, "canvases", "start", -4)
+    return "train_canvases.npy: canvas 0 starts at -4, outside the response"
+
+
+def sft_prompt_negative(d: Path) -> str:
+    _sft_field(d, "offsets", "prompt_len", -3)
+    return "train_offsets.npy: example 0: prompt_len must be >= 0"
+
+
+def sft_response_empty(d: Path) -> str:
+    _sft_field(d, "offsets", "response_len", 0)
+    return "train_offsets.npy: example 0: response_len must be >= 1"
+
+
+def sft_canvas_time(d: Path) -> str:
+    _sft_field(d, "canvases", "t", 1.5)
+    return "train_canvases.npy: canvas 0 has t = 1.5, outside (0, 1)"
+
+
 @pytest.mark.parametrize("damage, reader", [
     (sft_edited, "canvases"), (sft_deleted, "canvases"), (sft_mask, "canvases"), (sft_above, "canvases"),
     (sft_jsonl_line, "asrd"), (sft_jsonl_edited, "asrd"),
-], ids=["edited", "deleted", "mask_id", "above_vocab", "jsonl_line", "jsonl_edited"])
+    (sft_canvas_start_beyond, "canvases"), (sft_canvas_start_negative, "canvases"), (sft_prompt_negative, "canvases"),
+    (sft_response_empty, "canvases"), (sft_canvas_time, "canvases"),
+], ids=["edited", "deleted", "mask_id", "above_vocab", "jsonl_line", "jsonl_edited", "canvas_start_beyond",
+        "canvas_start_negative", "prompt_negative", "response_empty", "canvas_t"])
 def test_bad_sft_data_is_refused_in_one_line(sft_copy, damage, reader):
     from tadm.asrd.tasks import arithmetic_sets
     from tadm.posttrain.data import SftCanvases

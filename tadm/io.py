@@ -151,7 +151,7 @@ def read_jsonl(path: str | Path, schema=(), hint: str = "") -> Iterator[dict]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json_loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno}){tail}") from None
             try:
@@ -173,6 +173,19 @@ def load_jsonl(path: str | Path, required=()) -> list[dict]:
     return rows
 
 
+def json_loads(text: str | bytes):
+    """``json.loads`` for files from outside (corpus lines, configs, headers, manifests): a value
+    nested deeper than the interpreter's recursion limit is a :class:`json.JSONDecodeError` (a
+    ValueError, as for any invalid JSON), which every reader turns into its one-line error,
+    instead of a RecursionError traceback."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        doc = text if isinstance(text, str) else text.decode("utf-8", errors="replace")
+        raise json.JSONDecodeError("nested too deeply (arrays or objects deeper than the interpreter's "
+                                   "recursion limit)", doc[:64], 0) from None
+
+
 # --------------------------------------------------------------------------- manifests on read
 
 
@@ -183,7 +196,7 @@ def read_manifest(directory: str | Path, stage: str, hint: str) -> dict:
     if not path.is_file():
         raise DataError(f"{path}: missing; {hint}")
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
+        m = json_loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not valid JSON ({e}); {hint}") from None
     if not isinstance(m, dict) or not all(isinstance(m.get(k), dict) for k in ("counts", "params", "sha256")):

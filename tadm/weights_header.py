@@ -28,6 +28,7 @@ from math import prod
 from pathlib import Path
 
 from tadm.errors import DataError
+from tadm.io import json_loads
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json (a DiffusionGemma one is ~5 KB)
 MAX_INDEX_BYTES = 64 << 20  # a model.safetensors.index.json (one line per tensor)
@@ -59,6 +60,7 @@ class Header:
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # name -> the file holding it
+    dtypes: dict[str, str] = field(default_factory=dict)  # name -> safetensors dtype ("F32", "BF16", ...)
     elements: int = 0
     nbytes: int = 0
 
@@ -71,7 +73,7 @@ def read_json(path: Path, limit: int = MAX_CONFIG_BYTES, error: type[DataError] 
     if size > limit:
         raise error(f"{str(path)!r} is {size} bytes, more than the {limit} a model config may have")
     try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
+        raw = json_loads(path.read_bytes().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise error(f"{str(path)!r} is not valid JSON: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):
@@ -88,7 +90,8 @@ def bounded(value: object, name: str, kind: str, where: str, error: type[DataErr
     return value
 
 
-def read_header(path: Path, error: type[DataError] = DataError) -> tuple[dict[str, tuple[int, ...]], int, int]:
+def read_header(path: Path, error: type[DataError] = DataError
+                ) -> tuple[dict[str, tuple[int, ...]], int, int, dict[str, str]]:
     """(name -> shape, total elements, total bytes) of one safetensors file, from its header only."""
     if not path.is_file():
         raise error(f"checkpoint weights {str(path)!r} do not exist")
@@ -103,13 +106,13 @@ def read_header(path: Path, error: type[DataError] = DataError) -> tuple[dict[st
             raise error(f"{bad}: header length {n} exceeds the file ({size} bytes) or the limit {MAX_HEADER_BYTES}")
         text = f.read(n)
     try:
-        header = json.loads(text.decode("utf-8"))
+        header = json_loads(text.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise error(f"{bad}: its header is not JSON") from None
     if not isinstance(header, dict):
         raise error(f"{bad}: its header is not a JSON object")
     data_size = size - 8 - n
-    shapes, elements, nbytes = {}, 0, 0
+    shapes, elements, nbytes, dtypes = {}, 0, 0, {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -130,9 +133,10 @@ def read_header(path: Path, error: type[DataError] = DataError) -> tuple[dict[st
             raise error(f"{bad}: tensor {name!r} {dtype}{shape} has data_offsets {offsets} "
                         f"outside or unlike its {data_size} data bytes")
         shapes[name] = tuple(shape)
+        dtypes[name] = dtype
         elements += count
         nbytes += end - begin
-    return shapes, elements, nbytes
+    return shapes, elements, nbytes, dtypes
 
 
 def read_weights(directory: Path, error: type[DataError] = DataError) -> Header:
@@ -140,7 +144,7 @@ def read_weights(directory: Path, error: type[DataError] = DataError) -> Header:
     single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
     out = Header()
     if single.is_file() or not index.is_file():
-        out.shapes, out.elements, out.nbytes = read_header(single, error)
+        out.shapes, out.elements, out.nbytes, out.dtypes = read_header(single, error)
         out.files = dict.fromkeys(out.shapes, single.name)
         return out
     raw = read_json(index, MAX_INDEX_BYTES, error)
@@ -153,12 +157,13 @@ def read_weights(directory: Path, error: type[DataError] = DataError) -> Header:
     for shard in shards:
         if Path(shard).name != shard:
             raise error(f"{str(index)!r}: shard {shard!r} is not a file name in {directory}")
-        shapes, elements, nbytes = read_header(directory / shard, error)
+        shapes, elements, nbytes, dtypes = read_header(directory / shard, error)
         out.elements += elements
         out.nbytes += nbytes
         for name, shape in shapes.items():
             out.shapes[name] = shape
             out.files[name] = shard
+            out.dtypes[name] = dtypes[name]
     for name, shard in weight_map.items():
         if out.files.get(name) != shard:
             raise error(f"{str(index)!r}: tensor {name!r} is not in its shard {shard!r}")

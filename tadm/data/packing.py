@@ -10,6 +10,7 @@ shards of shape (n, L) (uint16 when the vocabulary fits, else uint32) that
 from __future__ import annotations
 
 import dataclasses
+import json
 import hashlib
 from itertools import islice
 from pathlib import Path
@@ -148,10 +149,31 @@ def _scan_shard(path: Path) -> _ShardScan:
     return _SCANS[key]
 
 
-def _count(counts: dict, key: str, where: Path):
+def _count(counts: dict, key: str, where: Path, kind: str):
+    """counts[`key`], checked to be of `kind`: "positive" (an int > 0), "dtype" (the name of an
+    integer numpy dtype) or "split" (an object whose shards and sequences are ints >= 0); one
+    DataError line naming the field otherwise."""
     if key not in counts:
         raise DataError(f"{where}: counts has no {key!r}; {PACK_HINT}")
-    return counts[key]
+    value = counts[key]
+
+    def count(v, low):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    if kind == "positive":
+        ok, want = count(value, 1), "an integer > 0"
+    elif kind == "dtype":
+        try:
+            ok = isinstance(value, str) and np.dtype(value).kind in "ui"
+        except TypeError:
+            ok = False
+        want = "the name of an integer dtype (e.g. \"uint16\")"
+    else:
+        ok = isinstance(value, dict) and all(count(value.get(k), 0) for k in ("shards", "sequences"))
+        want = "an object with integer shards and sequences"
+    if not ok:
+        raise DataError(f"{where}: counts.{key} must be {want}, got {json.dumps(value)[:80]}; {PACK_HINT}")
+    return value
 
 
 def check_tokenizer_vocab(data_dir: Path, vocab_size: int) -> None:
@@ -178,10 +200,10 @@ def verify_split(split_dir: str | Path) -> tuple[list[Path], dict]:
     m = read_manifest(data_dir, "pack", PACK_HINT)
     where = data_dir / "manifest.json"
     counts = m["counts"]
-    seq_len, vocab = int(_count(counts, "seq_len", where)), int(_count(counts, "vocab_size", where))
-    dtype = np.dtype(_count(counts, "dtype", where))
+    seq_len, vocab = _count(counts, "seq_len", where, "positive"), _count(counts, "vocab_size", where, "positive")
+    dtype = np.dtype(_count(counts, "dtype", where, "dtype"))
     check_tokenizer_vocab(data_dir, vocab)
-    c = _count(counts, split, where)
+    c = _count(counts, split, where, "split")
     listed = sorted(name for name in m["sha256"] if name.startswith(f"{split}/"))
     if not listed or len(listed) != c.get("shards"):
         raise DataError(f"{where}: lists {len(listed)} {split} shards, its counts say {c.get('shards')}; {PACK_HINT}")

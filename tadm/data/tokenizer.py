@@ -83,8 +83,10 @@ def load_tokenizer(name_or_dir: str | Path):
 
     try:
         return AutoTokenizer.from_pretrained(str(name_or_dir))
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot load tokenizer {str(name_or_dir)!r}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # noqa: BLE001 - a malformed tokenizer.json fails in many ways (KeyError, the
+        # Rust parser's Exception, RecursionError...): each is one line naming the directory
+        why = (str(e).splitlines() or [""])[0] or repr(e)
+        raise DataError(f"cannot load tokenizer {str(name_or_dir)!r}: {type(e).__name__}: {why}") from None
 
 
 def build(cfg: TokenizerConfig, corpus_dir: str | Path, out_dir: str | Path) -> dict:

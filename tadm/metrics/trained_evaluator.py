@@ -193,7 +193,7 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
     settings = {"name": "evaluator", "seed": p.seed, "trained": dataclasses.asdict(c), "betas": list(BETAS),
                 "data": sha256_file(manifest)}
     state = resume_state(CHECKPOINTS, names, settings, steps=c.steps, steps_key="eval.trained.steps", restart=restart,
-                         hint="`python -m tadm evaluator --restart`", d=d, log=log)
+                         hint="`python -m tadm evaluator --restart`", d=d, log=log, expected=model.state_dict())
     start = 0
     if state is not None:
         model.load_state_dict(state.model)

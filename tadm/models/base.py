@@ -138,23 +138,49 @@ class TadmModel(nn.Module):
             self.load_state_dict(dict(tensors), strict=True)
 
 
-def state_dict_mismatches(model_sd: Mapping[str, torch.Tensor], ckpt: Mapping[str, torch.Tensor]
+# safetensors' dtype names -> torch dtypes (what a header says a tensor holds)
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                      "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _dtype_differs(saved: torch.dtype | None, model: torch.dtype, rule: str) -> bool:
+    """Whether a saved tensor's dtype is refused for a model tensor's: "exact" (our own
+    checkpoints: fp16 where fp32 is expected too), "kind" (a release whose floating weights may be
+    bf16 or fp32, cast on load: only integer vs floating). None: not known (never refused)."""
+    if saved is None:
+        return False
+    if rule == "exact":
+        return saved != model
+    return saved.is_floating_point != model.is_floating_point
+
+
+def state_dict_mismatches(model_sd: Mapping[str, torch.Tensor], ckpt: Mapping[str, torch.Tensor], dtypes: str = "exact"
                           ) -> tuple[list[str], list[str], list[str]]:
-    """(shape mismatches as "name: checkpoint (..) vs model (..)", missing names, unexpected names)."""
-    shape = [
-        f"{k}: checkpoint {tuple(ckpt[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in model_sd.items() if k in ckpt and tuple(ckpt[k].shape) != tuple(v.shape)
-    ]
+    """(shape or dtype mismatches as "name: checkpoint (..) vs model (..)", missing names,
+    unexpected names); `dtypes` is the dtype rule of :func:`_dtype_differs`."""
+    shape = []
+    for k, v in model_sd.items():
+        if k not in ckpt:
+            continue
+        saved = ckpt[k]
+        if tuple(saved.shape) != tuple(v.shape):
+            shape.append(f"{k}: checkpoint {tuple(saved.shape)} vs model {tuple(v.shape)}")
+        elif _dtype_differs(getattr(saved, "dtype", None), v.dtype, dtypes):
+            shape.append(f"{k}: checkpoint {str(saved.dtype).removeprefix('torch.')} vs model "
+                         f"{str(v.dtype).removeprefix('torch.')}")
     missing = [k for k in model_sd if k not in ckpt]
     unexpected = [k for k in ckpt if k not in model_sd]
     return shape, missing, unexpected
 
 
-def mismatch_report(model_sd: Mapping[str, torch.Tensor], ckpt: Mapping[str, torch.Tensor]) -> tuple[int, str, str]:
+def mismatch_report(model_sd: Mapping[str, torch.Tensor], ckpt: Mapping[str, torch.Tensor], dtypes: str = "exact"
+                    ) -> tuple[int, str, str]:
     """The `state_dict_mismatches` of `ckpt` against `model_sd` for a one-line message: (how many
-    tensors differ, "(a shape, b missing, c unexpected)", the first MAX_LISTED of them joined by
-    "; " with "; +N more" after); the count is 0 when every name and shape matches."""
-    shape, missing, unexpected = state_dict_mismatches(model_sd, ckpt)
+    tensors differ, "(a shape, b missing, c unexpected)" -- shape counting dtype differences too --,
+    the first MAX_LISTED of them joined by "; " with "; +N more" after); the count is 0 when every
+    name, shape and dtype matches."""
+    shape, missing, unexpected = state_dict_mismatches(model_sd, ckpt, dtypes)
     problems = shape + [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected]
     more = f"; +{len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
     tally = f"({len(shape)} shape, {len(missing)} missing, {len(unexpected)} unexpected)"
@@ -266,18 +292,22 @@ STACK_FIELDS = {"blocks": "mdlm_layers", "anchor_blocks": "anchor_layers", "deno
 
 
 class _Shape:
-    """A header entry standing in for a tensor in `state_dict_mismatches` (it reads only .shape)."""
+    """A header entry standing in for a tensor in `state_dict_mismatches` (it reads .shape and
+    .dtype; None where the header's dtype has no torch equivalent)."""
 
-    def __init__(self, shape):
+    def __init__(self, shape, dtype: str | None = None):
         self.shape = tuple(shape)
+        self.dtype = SAFETENSORS_DTYPES.get(dtype) if dtype is not None else None
 
 
-def check_header_tensors(where: str, model_sd: Mapping[str, torch.Tensor], shapes: Mapping[str, Iterable[int]],
-                         model_name: str, tally: bool = False) -> None:
-    """CheckpointError (one line, prefixed by `where`) unless the safetensors header's `shapes` name
-    exactly the tensors of `model_sd` (a model built on the meta device) with the same shapes; the
-    message lists the first differences and, with `tally`, how many of each kind."""
-    n, counts, listed = mismatch_report(model_sd, {k: _Shape(v) for k, v in shapes.items()})
+def check_header_tensors(where: str, model_sd: Mapping[str, torch.Tensor], header: "wh.Header",
+                         model_name: str, tally: bool = False, dtypes: str = "exact") -> None:
+    """CheckpointError (one line, prefixed by `where`) unless the safetensors `header` names
+    exactly the tensors of `model_sd` (a model built on the meta device) with the same shapes and
+    dtypes (the `dtypes` rule of :func:`_dtype_differs`: a header relabelled F32 -> I32 is refused
+    either way); the message lists the first differences and, with `tally`, how many of each kind."""
+    saved = {k: _Shape(v, header.dtypes.get(k)) for k, v in header.shapes.items()}
+    n, counts, listed = mismatch_report(model_sd, saved, dtypes)
     if n:
         counts = f" {counts}" if tally else ""
         raise CheckpointError(f"{where}: {n} tensor(s) differ from config.json's {model_name}{counts}: {listed}")
@@ -317,7 +347,7 @@ def check_checkpoint(directory: str | Path, model_type: str, cfg: ModelConfig, v
     with torch.device("meta"):
         meta = build_model(model_type, cfg, vocab_size, seq_len)
     model_sd = meta.state_dict()
-    check_header_tensors(where, model_sd, header.shapes, "model")
+    check_header_tensors(where, model_sd, header, "model")
     model_bytes = sum(v.numel() * v.element_size() for v in model_sd.values())
     if model_bytes > wh.SIZE_FACTOR * max(header.nbytes, 1):
         raise CheckpointError(f"{where}: config.json implies {model_bytes} bytes of parameters, the weights hold {header.nbytes}")

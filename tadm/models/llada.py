@@ -382,7 +382,7 @@ def check_llada_checkpoint(directory: str | Path, cfg: LladaConfig, device=runti
     with torch.device("meta"):
         meta = LladaModel(cfg).to(dtype)
     model_sd = meta.state_dict()
-    check_header_tensors(where, model_sd, header.shapes, "LLaDA", tally=True)
+    check_header_tensors(where, model_sd, header, "LLaDA", tally=True, dtypes="kind")  # released bf16, cast on load
     model_bytes = sum(v.numel() * v.element_size() for v in model_sd.values())
     wh.check_fits(max(_shard_bytes(header).values(), default=0), str(weights), None, CheckpointError)  # a shard, on the host
     wh.check_fits(model_bytes, str(directory), device, CheckpointError)  # the model, where it is built

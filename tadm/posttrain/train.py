@@ -122,7 +122,8 @@ def _locked_loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps
     start, history = 0, []
     fp = checkpoint.fingerprint(settings)
     state = resume_state(run_dir, names, settings, steps=steps, steps_key="steps", restart=restart,
-                         hint=f"`{command or 'python -m tadm ' + name.replace('_', '-')} --restart`", d=d, log=quiet)
+                         hint=f"`{command or 'python -m tadm ' + name.replace('_', '-')} --restart`", d=d, log=quiet,
+                         expected={n: p.detach() for n, p in params.items()})
     if state is not None:
         module.load_state_dict(state.model, strict=False)  # host tensors copied onto the module's device
         checkpoint.restore_optimizer(opt, state.optimizer)

@@ -27,6 +27,7 @@ import zlib
 from pathlib import Path
 
 from tadm.errors import DataError
+from tadm.io import json_loads
 from tadm.tasks.common import load_hub, read_jsonl
 from tadm.tasks.sandbox import run_python
 
@@ -69,10 +70,10 @@ def _decode_tests(value, where: str) -> list[dict]:
     elif isinstance(value, str):
         try:
             if not value.strip() or value.lstrip().startswith("["):
-                cases = json.loads(value) if value.strip() else []
+                cases = json_loads(value) if value.strip() else []
             else:
                 packed = zlib.decompress(base64.b64decode(value))
-                cases = json.loads(_PlainDataUnpickler(io.BytesIO(packed)).load())
+                cases = json_loads(_PlainDataUnpickler(io.BytesIO(packed)).load())
         except (ValueError, TypeError, zlib.error, pickle.UnpicklingError, EOFError) as e:
             raise DataError(f"{where}: test cases are neither JSON nor the hub's compressed form ({e})") from None
         if not isinstance(cases, list):
@@ -193,7 +194,7 @@ def _method_name(row: dict) -> str:
     metadata = row.get("metadata") or {}
     if isinstance(metadata, str):
         try:
-            metadata = json.loads(metadata) if metadata.strip() else {}
+            metadata = json_loads(metadata) if metadata.strip() else {}
         except json.JSONDecodeError:
             raise DataError(f"LiveCodeBench {row.get('question_id', '?')}: 'metadata' is not valid JSON") from None
     if metadata.get("func_name"):

@@ -58,7 +58,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tadm.errors import TadmError
-from tadm.io import atomic_path, atomic_write_text, sha256_file
+from tadm.io import atomic_path, atomic_write_text, json_loads, sha256_file
 from tadm.runtime import host
 from tadm.train.divergence import Diverged, first_non_finite
 
@@ -162,7 +162,7 @@ class RunLock:
 def _holder(fd: int) -> str:
     """Who holds a lock, from its file (written right after the lock is taken)."""
     try:
-        info = json.loads(os.pread(fd, 4096, 0).decode())
+        info = json_loads(os.pread(fd, 4096, 0).decode())
         return f"pid {info['pid']} on {info['host']} since {info['since']} (`{info['command']}`)"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process (its details are not written yet)"
@@ -269,6 +269,25 @@ def load(ckpt_dir: Path, param_names: list[str]) -> TrainState:
     return TrainState(step=meta["step"], model=model, ema=ema, optimizer=opt, extra=meta["extra"])
 
 
+def check_tensors(ckpt: Path | str, expected: dict[str, torch.Tensor], state: TrainState) -> None:
+    """The checkpoint's weights (and EMA weights) name exactly the `expected` tensors (the model's
+    state dict, or the trained subset), with their shapes and dtypes: a one-line
+    :class:`CheckpointCorrupt` naming the first differences, instead of a RuntimeError from
+    ``load_state_dict`` (the settings fingerprint agreed, so the files were changed)."""
+    for what, tensors in (("model.safetensors", state.model), ("ema.safetensors", state.ema)):
+        problems = [f"missing {k}" for k in expected if k not in tensors]
+        problems += [f"unexpected {k}" for k in tensors if k not in expected]
+        for k, v in expected.items():
+            t = tensors.get(k)
+            if t is not None and (tuple(t.shape) != tuple(v.shape) or t.dtype != v.dtype):
+                problems.append(f"{k}: checkpoint {str(t.dtype).removeprefix('torch.')}{list(t.shape)} vs model "
+                                f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}")
+        if problems:
+            more = f"; +{len(problems) - 3} more" if len(problems) > 3 else ""
+            raise CheckpointCorrupt(f"{ckpt}: {what}: {len(problems)} tensor(s) differ from the model: "
+                                    f"{'; '.join(problems[:3])}{more}")
+
+
 def last_good(run_dir: Path) -> str:
     """The newest checkpoint directory kept in `run_dir`, said in a few words (for errors)."""
     found = candidates(run_dir) if Path(run_dir).is_dir() else []
@@ -327,7 +346,7 @@ def _read_meta(ckpt_dir: Path) -> dict:
     is a one-line :class:`CheckpointCorrupt` naming the file."""
     path = Path(ckpt_dir) / "state.json"
     try:
-        meta = json.loads(path.read_text())
+        meta = json_loads(path.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointCorrupt(f"{path}: unreadable ({type(e).__name__})") from None
     kinds = {"step": int, "optimizer": dict, "extra": dict, "sha256": dict, "state_sha256": str}

@@ -134,19 +134,22 @@ def hold_run(run_dir: Path, d: Dist, command: str | None = None):
 
 
 def resume_state(run_dir: Path, names: list[str], settings: dict, *, steps: int, steps_key: str, restart: bool,
-                 hint: str, d: Dist, log=print) -> checkpoint.TrainState | None:
+                 hint: str, d: Dist, log=print, expected: dict | None = None) -> checkpoint.TrainState | None:
     """The checkpoint a run continues from (None: start fresh), shared by every training loop.
 
     ``--restart`` (`restart`): the main process first moves the run's checkpoints aside (never
     deletes them) while the others wait. A checkpoint of other settings is refused
     (:class:`checkpoint.SettingsChanged`, naming `hint`, the command that starts over), and so
-    is one beyond `steps`."""
+    is one beyond `steps`, and one whose tensors are not the `expected` ones (the model's state
+    dict or trained subset: names, shapes, dtypes)."""
     if restart:
         if d.main:
             moved = checkpoint.move_aside(run_dir)
             log(f"{run_dir}: moved aside to {moved}, starting fresh" if moved else f"{run_dir}: nothing to move aside")
         runtime.barrier(d)
     state = checkpoint.load_latest(run_dir, names, settings, log=log, restart=hint)
+    if state is not None and expected is not None:
+        checkpoint.check_tensors(Path(run_dir) / f"step_{state.step:06d}", expected, state)
     if state is not None and state.step > steps:
         raise TadmError(f"the newest checkpoint is at step {state.step}, beyond {steps_key} = {steps}: raise "
                         f"{steps_key} to continue it, or start over with {hint}")
@@ -347,7 +350,8 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
               f"{p.train.micro_batch} each per step (global batch {p.train.global_batch})")
     start, history, evals, init_nelbo = 0, [], [], None
     state = resume_state(paths.checkpoints, names, settings, steps=p.train.steps, steps_key="train.steps",
-                         restart=restart, hint=f"`python -m tadm train {name} --restart`", d=d, log=quiet)
+                         restart=restart, hint=f"`python -m tadm train {name} --restart`", d=d, log=quiet,
+                         expected=model.state_dict())
     if state is not None:
         model.load_state_dict(state.model)  # host tensors copied into the model on its device
         ema.load(state.ema)

@@ -302,6 +302,9 @@ class PosttrainConfig:
         ["gsm8k", "humaneval", "gpqa_diamond", "mmlu_pro", "livecodebench", "aime"], nonempty=True)
     task_sources: dict[str, str] = spec({})  # task -> hub id or local file (gsm8k: sft.gsm8k)
     eval_examples: int = spec(0, ge=0)  # per task; 0 = all
+    # a cap on every benchmark's generation length (0: the paper's per-task lengths,
+    # table1.PAPER_LENGTHS, 1,024 to 4,096 tokens); the paper dry run shrinks it with the rest
+    max_new_tokens: int = spec(0, ge=0)
     eval_batch_size: int = spec(8, ge=1)
     seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
     # seed of the post-train runs (the base's and the fusion's training: initialisation, data

@@ -151,7 +151,8 @@ def load_task(name: str, p: Params, sft_dir: Path, unsafe_host_execution: bool =
 
     source = pt.task_sources.get(name) or (p.sft.gsm8k if name == "gsm8k" else None)
     prompts, score = build_task(name, source, limit=pt.eval_examples, unsafe_host_execution=unsafe_host_execution)
-    return Task(name, prompts, score, PAPER_LENGTHS[name])
+    length = PAPER_LENGTHS[name] if not pt.max_new_tokens else min(PAPER_LENGTHS[name], pt.max_new_tokens)
+    return Task(name, prompts, score, length)
 
 
 class DecoderLayerCalls:

@@ -45,6 +45,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -286,6 +287,33 @@ def check_tensors(ckpt: Path | str, expected: dict[str, torch.Tensor], state: Tr
             more = f"; +{len(problems) - 3} more" if len(problems) > 3 else ""
             raise CheckpointCorrupt(f"{ckpt}: {what}: {len(problems)} tensor(s) differ from the model: "
                                     f"{'; '.join(problems[:3])}{more}")
+
+
+# what tadm.io.atomic_path leaves in a run directory when a save is killed: its temporary
+# directory (".step_000004.k3j2.tmp", ".latest.x9.tmp") and, mid-swap, the previous copy (".NAME.old")
+_TEMPORARY = re.compile(r"^\.(step_\d+|latest)\..+\.tmp$")
+_SWAPPED = re.compile(r"^\.(step_\d+)\.old$")
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[str]:
+    """Clear what a save killed mid-write left in `run_dir` (call it holding the run's lock, so no
+    save is in progress): temporary directories are removed; a previous copy set aside mid-swap
+    is put back where its new copy never arrived, removed otherwise. The names handled."""
+    run_dir = Path(run_dir)
+    done = []
+    for entry in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
+        swapped = _SWAPPED.match(entry.name)
+        if swapped and not (run_dir / swapped.group(1)).exists():
+            os.replace(entry, run_dir / swapped.group(1))
+        elif _TEMPORARY.match(entry.name) or swapped:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        else:
+            continue
+        done.append(entry.name)
+    return done
 
 
 def last_good(run_dir: Path) -> str:

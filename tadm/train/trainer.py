@@ -147,6 +147,11 @@ def resume_state(run_dir: Path, names: list[str], settings: dict, *, steps: int,
             moved = checkpoint.move_aside(run_dir)
             log(f"{run_dir}: moved aside to {moved}, starting fresh" if moved else f"{run_dir}: nothing to move aside")
         runtime.barrier(d)
+    if d.main:  # the lock is held: what a killed save left behind is stale
+        cleared = checkpoint.remove_stale_temporaries(run_dir)
+        if cleared:
+            log(f"{run_dir}: cleared what an interrupted save left: {', '.join(cleared)}")
+    runtime.barrier(d)
     state = checkpoint.load_latest(run_dir, names, settings, log=log, restart=hint)
     if state is not None and expected is not None:
         checkpoint.check_tensors(Path(run_dir) / f"step_{state.step:06d}", expected, state)

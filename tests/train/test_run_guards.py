@@ -150,3 +150,27 @@ def test_the_post_training_base_and_the_judge_refuse_too(micro_packed, tmp_path,
     d = runtime.setup(p.runtime)
     with pytest.raises(config.ConfigError, match=r"eval.trained: train evaluator needs about .* of RAM"):
         te._train(p, micro_packed, micro_packed.parent / "tokenizer", False, lambda *_: None, d)
+
+
+# --- what a save killed mid-write leaves behind (issue 33, item 11) ----------------------------
+
+
+def test_resume_clears_the_temporaries_of_a_killed_save(tmp_path):
+    from tadm import runtime
+    from tadm.train.trainer import resume_state
+
+    state, names = _state(2)
+    ck.save(tmp_path, state, names)
+    partial = tmp_path / ".step_000004.k3j2x.tmp" / "step_000004"  # killed while writing step 4
+    partial.mkdir(parents=True)
+    (partial / "model.safetensors").write_bytes(b"\0" * 100)
+    (tmp_path / ".latest.abc.tmp").mkdir()
+    (tmp_path / ".latest.abc.tmp" / "latest").write_text("step_000004\n")
+    aside = tmp_path / ".step_000003.old"  # a swap killed after setting the old copy aside
+    aside.mkdir()
+    logged = []
+    got = resume_state(tmp_path, names, "f", steps=10, steps_key="steps", restart=False, hint="x", d=runtime.Dist(),
+                       log=logged.append)
+    assert got is not None and got.step == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000002", "step_000003"], list(tmp_path.iterdir())
+    assert logged and "cleared what an interrupted save left: .latest.abc.tmp, .step_000003.old, .step_000004.k3j2x.tmp" in logged[0]

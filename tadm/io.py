@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -189,15 +190,43 @@ def json_loads(text: str | bytes):
 # --------------------------------------------------------------------------- manifests on read
 
 
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+
+
+def read_regular_text(path: Path, limit: int, error: type[Exception] = DataError) -> str:
+    """The UTF-8 text of `path`, which must be a regular file of at most `limit` bytes (a FIFO,
+    a device such as /dev/zero or a directory is one `error` line, never a blocking or endless
+    read). Symbolic links are followed: DVC's `symlink` cache type links every output."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise error(f"{path}: cannot open ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise error(f"{path}: {st.st_size} bytes, more than the {limit} allowed")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason})") from None
+
+
 def read_manifest(directory: str | Path, stage: str, hint: str) -> dict:
     """``<directory>/manifest.json`` written by `stage`, checked for shape; `hint` says how to
     make it (e.g. ``dvc repro pack``)."""
     path = Path(directory) / "manifest.json"
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path}: missing; {hint}")
+    text = read_regular_text(path, MAX_MANIFEST_BYTES)
     try:
-        m = json_loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        m = json_loads(text)
+    except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e}); {hint}") from None
     if not isinstance(m, dict) or not all(isinstance(m.get(k), dict) for k in ("counts", "params", "sha256")):
         raise DataError(f"{path}: not a stage manifest (needs objects counts, params, sha256); {hint}")

@@ -167,3 +167,21 @@ def test_a_training_checkpoint_whose_tensors_differ_is_refused_in_one_line(tmp_p
     want = {"shape": "0.weight: checkpoint float32[5, 4] vs model float32[3, 4]", "missing": "missing 1.bias",
             "dtype": "0.weight: checkpoint float64[3, 4] vs model float32[3, 4]"}[damage]
     assert want in message, message
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_manifest_that_is_not_a_regular_file_is_one_line(tmp_path, kind):
+    import os
+
+    from tadm.io import read_manifest
+
+    path = tmp_path / "manifest.json"
+    if kind == "fifo":  # a plain read would block forever
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")  # links are followed (DVC's symlink cache), the target checked
+    with pytest.raises(DataError) as e:
+        read_manifest(tmp_path, "pack", "hint")
+    assert one_line(e) == f"{path}: not a regular file", e.value

@@ -36,8 +36,7 @@ in batch order, so accuracies, calls and remasks are those of one process.
 from __future__ import annotations
 
 import dataclasses
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -48,52 +47,11 @@ from tadm import runtime
 from tadm.asrd import tasks as T
 from tadm.asrd.backends import Backend, DiffusionGemmaBackend, MaskedBackend
 from tadm.asrd.decode import DecodeSettings, decode
+from tadm.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Variant, _settings, variants  # noqa: F401 - compare.* as before
 from tadm.asrd.train import MODEL_DIR, task_sets
 from tadm.config import Params
 from tadm.errors import DataError
 from tadm.io import atomic_write_json
-
-BASELINE = "Low-confidence (LLaDA)"
-ASRD_BASE = "Low-confidence + threshold"  # ASRD without its mechanisms
-
-
-@dataclass
-class Variant:
-    label: str
-    settings: DecodeSettings
-    refresh_every: int = 1  # > 1: the time-anchored model (anchor reused between refreshes)
-    base: str | None = None  # the row that is this one without ASRD's mechanisms (same model, same settings)
-
-
-def _settings(p: Params, steps: int) -> tuple[DecodeSettings, DecodeSettings, DecodeSettings]:
-    """(common settings, ASRD's base = low-confidence + threshold, ASRD) of asrd.*"""
-    a = p.asrd
-    common = DecodeSettings(steps=steps, block_size=a.block_size, temperature=a.temperature, eta=a.eta, t_on=a.t_on,
-                            t_off=a.t_off, alpha_on=a.alpha_on, capacity=a.capacity, window=a.window,
-                            verify_below=a.verify_below)
-    base = common.replace(method="low-confidence", threshold=a.threshold)
-    return common, base, base.replace(method="asrd", guidance=a.guidance, perturbation=a.perturbation)
-
-
-def variants(p: Params, steps: int, time_anchored: bool) -> list[Variant]:
-    """The rows of one (task, model) group. On the time-anchored model the matched row
-    (low-confidence + threshold + TADM, ASRD's settings without its mechanisms, same K) comes
-    with ASRD + TADM, so ASRD's effect on TADM is read against TADM alone."""
-    a = p.asrd
-    common, base, asrd = _settings(p, steps)
-    out = [Variant("Plain (MDLM ancestral)", common.replace(method="plain")),
-           Variant("ReMDM-loop", common.replace(method="remdm")),
-           Variant(BASELINE, common.replace(method="low-confidence")),
-           Variant(ASRD_BASE, base),
-           Variant("ASRD", asrd, base=ASRD_BASE),
-           Variant("ASRD, guidance only", asrd.replace(perturbation=0.0), base=ASRD_BASE),
-           Variant("ASRD, verification only", asrd.replace(guidance=0.0), base=ASRD_BASE)]
-    if time_anchored:
-        matched = f"{ASRD_BASE} + TADM K={a.refresh_every}"
-        out += [Variant(matched, base, a.refresh_every),
-                Variant(f"ASRD + TADM K={a.refresh_every}", asrd, a.refresh_every, base=matched)]
-    return out
-
 
 SWEEPS = ("capacity", "window", "block_size")
 
@@ -131,79 +89,7 @@ def _subset(task: T.TaskSet, n: int) -> T.TaskSet:
     return dataclasses.replace(task, prompts=task.prompts[:n], responses=task.responses[:n], answers=task.answers[:n])
 
 
-@dataclass
-class Tally:
-    accuracies: list[float] = field(default_factory=list)
-    tokens: int = 0
-    batches: int = 0
-    calls: int = 0
-    verify_calls: int = 0
-    layer_calls: int = 0
-    refreshes: int = 0
-    remasked: int = 0
-    verified: int = 0
-    sequences: int = 0
-    examples: list[str] = field(default_factory=list)
-    batch_seconds: list[float] = field(default_factory=list)  # in decoding order (paired across methods)
-
-    @property
-    def seconds(self) -> float:
-        """Decoding seconds of every batch, summed."""
-        return sum(self.batch_seconds)
-
-    def row(self) -> dict:
-        acc = self.accuracies
-        per_batch = lambda v: v / self.batches  # noqa: E731
-        return {"accuracy": statistics.mean(acc), "accuracy_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
-                "accuracy_seeds": acc, "tokens_per_s": self.tokens / self.seconds,
-                "calls_per_batch": per_batch(self.calls), "verify_calls_per_batch": per_batch(self.verify_calls),
-                "layer_calls_per_batch": per_batch(self.layer_calls), "refreshes_per_batch": per_batch(self.refreshes),
-                "remasked_per_sequence": self.remasked / self.sequences,
-                "verified_per_sequence": self.verified / self.sequences, "examples": self.examples[:5],
-                "batch_seconds": self.batch_seconds}
-
-
-class _Batches:
-    """Decodes a task's batches (`decode_batch(lo)` -> (result, texts, generated tokens)) split
-    over the processes of `dist`, scores each where it ran, and puts counters, scores and texts
-    back in batch order. A runner's ``decoder(backend, task, settings)`` makes `decode_batch`."""
-
-    dist: runtime.Dist
-    batch: int
-
-    def run(self, backend: Backend, task, settings: DecodeSettings, tally: Tally) -> float:
-        """Accuracy (%) of `settings` on `task`; counters, time and examples go to `tally`."""
-        return self.run_interleaved(task, [(self.decoder(backend, task, settings), tally)])[0]
-
-    def run_interleaved(self, task, jobs: list[tuple[Callable, Tally]]) -> list[float]:
-        """Accuracy (%) of each (decode_batch, tally) job on `task`, the jobs taking turns on
-        every batch (batch 1 by every job, then batch 2, ...), so that machine-speed drift over
-        the run hits every method alike instead of whichever ran in a slow stretch."""
-        starts = list(range(0, len(task), self.batch))
-        mine = [[] for _ in jobs]
-        for j in runtime.shard(len(starts), self.dist):
-            for out, (decode_batch, _) in zip(mine, jobs):
-                with self.dist.autocast():
-                    r, texts, generated = decode_batch(starts[j])
-                c = r.counters
-                out.append({"texts": texts, "correct": [bool(task.score(starts[j] + k, t)) for k, t in enumerate(texts)],
-                            "generated": generated, "seconds": r.seconds, "calls": c.calls,
-                            "verify_calls": c.verify_calls, "layer_calls": c.layer_calls, "refreshes": c.refreshes,
-                            "remasked": r.remasked, "verified": r.verified, "sequences": len(r.tokens)})
-        accuracies = []
-        for out, (_, tally) in zip(mine, jobs):  # the same collectives, in the same order, on every process
-            batches = runtime.gather(out, len(starts), self.dist)
-            for b in batches:
-                _count(tally, b)
-            texts = [t for b in batches for t in b["texts"]]
-            correct = [c for b in batches for c in b["correct"]]
-            if not tally.examples:
-                tally.examples = texts[:5]
-            accuracies.append(100.0 * sum(correct) / len(correct))
-        return accuracies
-
-
-class MaskedRunner(_Batches):
+class MaskedRunner(Batches):
     """The masked model on the fixed layout."""
 
     name = "masked"
@@ -232,7 +118,7 @@ class MaskedRunner(_Batches):
         return decode_batch
 
 
-class DiffusionGemmaRunner(_Batches):
+class DiffusionGemmaRunner(Batches):
     """The post-train DiffusionGemma: the prompt in the encoder cache, one canvas generated."""
 
     name = "diffusiongemma"
@@ -265,17 +151,12 @@ class DiffusionGemmaRunner(_Batches):
         return decode_batch
 
 
-def _count(tally: Tally, b: dict) -> None:
-    tally.batch_seconds.append(b["seconds"])
-    tally.tokens += b["generated"]
-    tally.batches += 1
-    tally.calls += b["calls"]
-    tally.verify_calls += b["verify_calls"]
-    tally.layer_calls += b["layer_calls"]
-    tally.refreshes += b["refreshes"]
-    tally.remasked += b["remasked"]
-    tally.verified += b["verified"]
-    tally.sequences += b["sequences"]
+def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:
+    """Worker job "asrd" (`tadm.experiments.worker`): :func:`run` in one torchrun process."""
+    from tadm.experiments.worker import optional_path
+
+    log = print if d.main else (lambda *_: None)
+    return run(p, root=Path(args["root"]), out=optional_path(args.get("out")), log=log, dist=d)
 
 
 def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,

@@ -33,8 +33,8 @@ import torch
 
 from tadm import runtime
 from tadm.asrd.backends import Backend, LladaBackend
-from tadm.asrd.compare import _Batches, variants
 from tadm.asrd.decode import DecodeSettings, decode
+from tadm.asrd.runner import Batches, variants
 from tadm.config import Params
 from tadm.errors import DataError
 
@@ -71,7 +71,7 @@ def benchmark_tasks(p: Params, unsafe_host_execution: bool = False) -> dict[str,
     return out
 
 
-class LladaRunner(_Batches):
+class LladaRunner(Batches):
     """LLaDA on a benchmark: chat-templated prompt + generated span in one canvas."""
 
     name = "llada"
@@ -132,7 +132,7 @@ class LladaRunner(_Batches):
         return texts
 
     def decoder(self, backend: Backend, task: BenchmarkTask, settings: DecodeSettings):
-        """`decode_batch(lo)` of `settings` on `task` (run by `_Batches.run` /
+        """`decode_batch(lo)` of `settings` on `task` (run by `Batches.run` /
         `run_interleaved`: batches split over the processes of the runner's dist)."""
 
         def decode_batch(lo: int):

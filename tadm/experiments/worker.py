@@ -88,47 +88,22 @@ def launch(job: str, params: Params, args: dict[str, Any], log: Callable[[str], 
 # ----------------------------------------------------------------------------- the jobs
 
 
-def _scorer(p: Params, d: runtime.Dist, args: dict):
-    from tadm.data.tokenizer import load_tokenizer
-    from tadm.experiments.table2 import Scorer
-
-    return Scorer(p, load_tokenizer(args["tokenizer"]), args["packed_dir"], dist=d)
-
-
-def _row(p: Params, d: runtime.Dist, args: dict) -> Any:
-    from tadm.experiments.table2 import run_row
-
-    return run_row(args["name"], p, _scorer(p, d, args), **args["kwargs"])
+# Each job by name -> "module:function", the function (params, Dist, args) -> a JSON value. Resolved
+# only when a worker runs it: the modules that launch jobs import this one, never the reverse.
+JOBS: dict[str, str] = {"row": "tadm.experiments.table2:row_job", "sweep": "tadm.experiments.table2:sweep_job",
+                        "table1": "tadm.posttrain.table1:worker_job", "asrd": "tadm.asrd.compare:worker_job"}
 
 
-def _sweep(p: Params, d: runtime.Dist, args: dict) -> Any:
-    from tadm.experiments.table2 import run_sweep
+def job_function(job: str) -> Callable[[Params, runtime.Dist, dict], Any]:
+    """The function registered for `job` (imported now)."""
+    import importlib
 
-    return run_sweep(args["row"], p, _scorer(p, d, args), **args["kwargs"])
+    module, name = JOBS[job].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def _path(value) -> Path | None:
+def optional_path(value) -> Path | None:
     return None if value is None else Path(value)
-
-
-def _table1(p: Params, d: runtime.Dist, args: dict) -> Any:
-    from tadm.posttrain import table1
-
-    log = print if d.main else (lambda *_: None)
-    return table1.run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=_path(args.get("out")), log=log,
-                      dist=d, unsafe_host_execution=bool(args.get("unsafe_host_execution", False)),
-                      control=bool(args.get("control", True)))
-
-
-def _asrd(p: Params, d: runtime.Dist, args: dict) -> Any:
-    from tadm.asrd import compare
-
-    log = print if d.main else (lambda *_: None)
-    return compare.run(p, root=Path(args["root"]), out=_path(args.get("out")), log=log, dist=d)
-
-
-JOBS: dict[str, Callable[[Params, runtime.Dist, dict], Any]] = {"row": _row, "sweep": _sweep, "table1": _table1,
-                                                                 "asrd": _asrd}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p = config.from_dict(spec["params"], source=spec_path)
     d = runtime.setup(p.runtime)
     try:
-        result = JOBS[job](p, d, spec["args"])
+        result = job_function(job)(p, d, spec["args"])
         if d.main and spec.get("result"):  # key order kept: the tables list rows in the result's order
             atomic_write_text(spec["result"], json.dumps(result, ensure_ascii=False))
         runtime.barrier(d)

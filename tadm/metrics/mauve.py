@@ -1,5 +1,5 @@
 """MAUVE between two text sets, p and q (Table 2 calls it as ReMDM's evaluation does: p = the
-human reference texts, q = the generated samples; `tadm.experiments.table2.Scorer`).
+human reference texts, q = the generated samples; `tadm.metrics.scorer.Scorer`).
 
 Features always come from a :class:`~tadm.metrics.features.Featurizer` and are handed to
 ``mauve.compute_mauve(p_features=..., q_features=...)`` (mauve-text 0.4.0); its text path is

@@ -7,7 +7,7 @@ so it loads through the same ``AutoModelForCausalLM`` path as GPT-2 Large, with 
 tokenizer saved beside it -- and every sampling stage, the sweep and the Data row share it
 (``eval.evaluator: trained``, ``eval.featurizer: trained``: Gen PPL and its last token's final
 state as MAUVE features, MAUVE's own convention, one forward pass for both; its mean-pooled
-states barely told text from text shuffled within lines, `tadm.experiments.table2.Scorer`).
+states barely told text from text shuffled within lines, `tadm.metrics.scorer.Scorer`).
 
 A judge must be a better language model than the models it judges. ``metrics/evaluator.json``'s
 ``val_nll`` is measured on the AR model's validation tokens with its normalisation
@@ -53,33 +53,20 @@ import math
 import random
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from tadm import runtime
 from tadm.config import Params
 from tadm.data.packing import PACK_HINT, PackedTokens
-from tadm.errors import DataError
 from tadm.io import read_manifest, atomic_path, atomic_write_json, sha256_file
+from tadm.metrics.scorer import MODEL_DIR, TRAINED, resolve  # noqa: F401 - te.resolve, te.MODEL_DIR as before
 
-TRAINED = "trained"
 BETAS = (0.9, 0.95)  # AdamW's: beta2 0.95 as train.betas (benchmarks/results/judge.md)
-MODEL_DIR = Path("models/evaluator")
 CHECKPOINTS = Path("checkpoints/evaluator")
 METRICS = Path("metrics/evaluator.json")
 THRESHOLDS = {"mauve_data_data": (">=", 0.9), "mauve_data_shuffled": ("<=", 0.1),
               "shuffled_ppl_ratio_per_gpt2_token": (">=", 5.0)}
-
-
-def resolve(name: str) -> str:
-    """An eval.evaluator / eval.featurizer value with "trained" mapped to the model directory."""
-    if name == TRAINED:
-        if not (MODEL_DIR / "config.json").is_file():
-            raise DataError(f"eval evaluator 'trained': {MODEL_DIR} has no model; run the evaluator stage first "
-                            "(dvc repro train, or alone: python -m tadm evaluator)")
-        return str(MODEL_DIR)
-    return name
 
 
 def build(p: Params, vocab: int, seq_len: int, bos_id: int, eos_id: int):
@@ -231,8 +218,9 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
 def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
     """The three checks of the module docstring on the Data row's held-out sets."""
     from tadm.data.tokenizer import build_gpt2
-    from tadm.experiments.table2 import Scorer
     from tadm.metrics import mauve_score_features
+
+    from tadm.metrics.scorer import Scorer
 
     scorer = Scorer(dataclasses.replace(p, eval=dataclasses.replace(p.eval, evaluator=TRAINED, featurizer=TRAINED)),
                     tokenizer, data_dir, dist=d)

@@ -376,6 +376,16 @@ def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None =
     return methods, load_tokenizer(source)
 
 
+def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:
+    """Worker job "table1" (`tadm.experiments.worker`): :func:`run` in one torchrun process."""
+    from tadm.experiments.worker import optional_path
+
+    log = print if d.main else (lambda *_: None)
+    return run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=optional_path(args.get("out")), log=log,
+               dist=d, unsafe_host_execution=bool(args.get("unsafe_host_execution", False)),
+               control=bool(args.get("control", True)))
+
+
 def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out: Path | None = None,
         log=print, dist: runtime.Dist | None = None, unsafe_host_execution: bool = False,
         control: bool = True) -> dict:

@@ -416,12 +416,15 @@ class Sampler(abc.ABC):
 
 
 def build_sampler(settings: SamplerSettings, mask_id: int) -> Sampler:
-    import tadm.sampling.mdlm  # noqa: F401  (registers the samplers)
-    import tadm.sampling.remdm  # noqa: F401
-    import tadm.sampling.correctors  # noqa: F401
-    import tadm.sampling.sedd  # noqa: F401
-
-    return SAMPLERS[settings.sampler](settings, mask_id)
+    """The registered sampler named by `settings.sampler`. The registry is filled as each sampler
+    module is imported (`Sampler.__init_subclass__`), which the package's ``__init__`` does
+    before any of its modules is used: this module imports none of them."""
+    try:
+        cls = SAMPLERS[settings.sampler]
+    except KeyError:
+        raise ValueError(f"sample.sampler: no sampler {settings.sampler!r} is registered (known: "
+                         f"{', '.join(sorted(SAMPLERS))})") from None
+    return cls(settings, mask_id)
 
 
 # --------------------------------------------------------------------------- the loop

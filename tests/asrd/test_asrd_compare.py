@@ -122,7 +122,7 @@ def test_the_table_reads_each_asrd_row_against_its_own_base():
 
 
 def test_methods_take_turns_on_every_batch_and_each_keeps_its_own_tally():
-    """_Batches.run_interleaved: batch 1 by every method, then batch 2, ... (so a slow stretch
+    """Batches.run_interleaved: batch 1 by every method, then batch 2, ... (so a slow stretch
     of the machine hits every method alike); each method's counters, time and accuracy stay
     its own, and the single-method `run` is the same decoding."""
     import torch
@@ -133,7 +133,7 @@ def test_methods_take_turns_on_every_batch_and_each_keeps_its_own_tally():
 
     order = []
 
-    class Batches(compare._Batches):
+    class Batches(compare.Batches):
         dist, batch = runtime.Dist(), 2
 
     def decoder(name, calls, seconds):

@@ -16,7 +16,9 @@ the best kernel available (flash / memory-efficient / math) on its own.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -66,13 +68,71 @@ class ConditionEmbedder(nn.Module):
         super().__init__()
         self.freq_dim = freq_dim
         self.mlp = nn.Sequential(nn.Linear(freq_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim))
+        self.keep = False  # keep c between calls (`constant_conditioning`)
+        self._memo: tuple[tuple, torch.Tensor] | None = None  # (key, c) while `keep`
 
-    def forward(self) -> torch.Tensor:
-        """Return c with shape (1, cond_dim); it broadcasts over the batch."""
+    def compute(self) -> torch.Tensor:
+        """c, computed afresh: (1, cond_dim)."""
         device = self.mlp[0].weight.device
         t = torch.zeros(1, device=device)  # sigma = 0: no time conditioning
         features = timestep_embedding(t, self.freq_dim).to(self.mlp[0].weight.dtype)
         return F.silu(self.mlp(features))
+
+    def forward(self) -> torch.Tensor:
+        """Return c with shape (1, cond_dim); it broadcasts over the batch.
+
+        Inside `constant_conditioning` (a sampling run) and without gradients, c is computed
+        once and reused while nothing it depends on changes -- the weights (the same tensors,
+        storage, dtype and version counter) and the autocast state -- so a reverse step does not
+        rebuild it (about ten small ops per call); the reused c is the tensor `compute()` returns
+        then, bit for bit (tested). Elsewhere (training, or while a CUDA graph is captured) it
+        is computed at every call."""
+        weights = _weights_key(self.mlp) if self.keep and not torch.is_grad_enabled() and not _capturing() else None
+        if weights is None:
+            return self.compute()
+        key = weights + _autocast_key(self.mlp[0].weight.device)
+        if self._memo is None or self._memo[0] != key:
+            self._memo = (key, self.compute())
+        return self._memo[1]
+
+
+@contextlib.contextmanager
+def constant_conditioning(model: nn.Module) -> Iterator[nn.Module]:
+    """Within this block every `ConditionEmbedder` of `model` computes its c once (per weights
+    and autocast state) instead of at every call; on leaving, the kept vectors are dropped. For
+    runs in which the weights do not change: a sampling run (`tadm.sampling.sample`)."""
+    embedders = [m for m in model.modules() if isinstance(m, ConditionEmbedder)]
+    previous = [m.keep for m in embedders]
+    for m in embedders:
+        m.keep = True
+    try:
+        yield model
+    finally:
+        for m, keep in zip(embedders, previous):
+            m.keep = keep
+            if not keep:
+                m._memo = None
+
+
+def _weights_key(module: nn.Module) -> tuple | None:
+    """What identifies `module`'s weights as they are now: each parameter's identity, storage,
+    dtype and version counter (bumped by every in-place change); None for weights made under
+    inference mode (they keep no version counter)."""
+    params = list(module.parameters())
+    if any(p.is_inference() for p in params):
+        return None
+    return tuple((id(p), p.data_ptr(), p.dtype, p._version) for p in params)
+
+
+def _autocast_key(device: torch.device) -> tuple:
+    kind = device.type
+    if kind not in ("cpu", "cuda") or not torch.is_autocast_enabled(kind):
+        return (kind, None)
+    return (kind, torch.get_autocast_dtype(kind))
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # --------------------------------------------------------------------------- rotary
@@ -166,11 +226,35 @@ class DiTStack(nn.ModuleList):
         super().__init__(DiTBlock(d_model, n_heads, mlp_ratio, cond_dim, dropout, causal, gelu) for _ in range(n_layers))
         self.head_dim = d_model // n_heads
 
+    def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rotary_cos_sin(seq_len, head_dim, device)`, built once per (length, device) and kept
+        (it depends on nothing else; the kept tables equal fresh ones bit for bit, tested). Built
+        as ordinary tensors even under inference mode, so that training can use them too."""
+        return _rope_table(seq_len, self.head_dim, torch.device(device))
+
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        rope = rotary_cos_sin(x.shape[1], self.head_dim, x.device)
+        rope = self.rope(x.shape[1], x.device)
         for block in self:
             x = block(x, c, rope)
         return x
+
+
+_ROPE_TABLES: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+_ROPE_TABLES_MAX = 64  # distinct (length, head_dim, device) kept; more and the oldest is dropped
+
+
+def _rope_table(seq_len: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (seq_len, head_dim, device)
+    table = _ROPE_TABLES.get(key)
+    if table is None or _capturing():
+        with torch.inference_mode(False), torch.no_grad():
+            table = rotary_cos_sin(seq_len, head_dim, device)
+        if _capturing():  # a table made during a CUDA graph capture lives in the graph's pool
+            return table
+        if len(_ROPE_TABLES) >= _ROPE_TABLES_MAX:
+            _ROPE_TABLES.pop(next(iter(_ROPE_TABLES)))
+        _ROPE_TABLES[key] = table
+    return table
 
 
 class DiTFinalLayer(nn.Module):

@@ -24,7 +24,9 @@ One reverse trajectory per batch (MDLM / ReMDM conventions, REFERENCE.md §2):
 3. x_theta at those rows = SUBS(logits) (the mask logit -inf; REFERENCE §2) in `precision`,
    nucleus (top-p) filtered, and one categorical draw per row in `precision` (float64 by
    default, as ReMDM: fp32 noise shifts Gen PPL), by the inverse CDF on the sorted cumulative
-   mass the nucleus rule computes anyway (`draw_nucleus`). The network body runs on the whole
+   mass the nucleus rule computes anyway (`draw_nucleus`; on a CPU the same draw, bit for bit,
+   from each row's most likely tokens where they decide it, instead of a sort of the whole
+   vocabulary: `tadm.sampling.nucleus`). The network body runs on the whole
    canvas; its output head runs on the decoding rows only (`lazy_head`; `lazy_head=False`
    projects every position and selects the rows afterwards, the full computation the lazy one
    is tested against). Over a trajectory each position is decoded about once (MDLM: exactly
@@ -48,12 +50,18 @@ One reverse trajectory per batch (MDLM / ReMDM conventions, REFERENCE.md §2):
    per-position rates, `factored(deferred=...)`). Everything else has fixed shapes or shapes
    known from N: the decoding rows are gathered by index (`decoded_rows`) and the drawn tokens
    scattered back, never boolean-mask indexed. Per trajectory two more reads: the schedule's
-   alpha on the time grid (once) and the end-of-block check (once, after the last block).
+   alpha on the time grid (once) and the end-of-block check (once, after the last block). (On
+   a CPU tensor the nucleus draw also reads its own values to pick its rows' way: free there,
+   with no device to wait for; on any other device it reads nothing, `tadm.sampling.nucleus`.)
+7. Per-call tables: the rotary tables are built once per length and device and kept
+   (`DiTStack.rope`), and within `sample` each model's conditioning vectors are computed once
+   (`tadm.models.dit.constant_conditioning`); both equal the freshly built ones bit for bit.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import math
 import time
@@ -67,8 +75,10 @@ from torch import Tensor
 from tadm.runtime import CPU
 from tadm import runtime
 from tadm.losses import subs_log_probs
+from tadm.models.dit import constant_conditioning
 from tadm.sampling.adapters import Adapter
 from tadm.sampling.counters import ComputeCounter
+from tadm.sampling.nucleus import draw_nucleus
 from tadm.schedule import LogLinearSchedule, NoiseSchedule
 
 SAMPLER_NAMES = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "mdlm-fb", "mdlm-dfm",
@@ -319,31 +329,6 @@ def x_theta_rows(logits: Tensor, mask_id: int, precision: torch.dtype) -> Tensor
     return torch.softmax(logits, dim=-1)
 
 
-def draw_nucleus(probs: Tensor, p: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """One draw per row from top-p(probs) (N, C), and the drawn token's probability under the
-    filtered, renormalised distribution; in probs' dtype.
-
-    Exactly the distribution of `sample_categorical(nucleus_filter(probs, p))`, drawn by the
-    inverse CDF on the (sorted, for p < 1) cumulative mass: one uniform per row, no second pass
-    over the vocabulary. The kept set is a prefix of the descending order (ReMDM's rule)."""
-    if p >= 1.0:
-        order, ranked = None, probs
-    else:
-        ranked, order = probs.sort(dim=-1, descending=True)
-    csum = ranked.cumsum(-1)
-    if p >= 1.0:
-        mass = csum[:, -1]
-    else:
-        kept = (csum <= p).sum(-1).clamp_min(1)  # always keep the most likely token
-        mass = csum.gather(-1, (kept - 1).unsqueeze(-1)).squeeze(-1)
-    u = torch.rand(mass.shape, generator=generator, device=probs.device, dtype=probs.dtype)
-    x = torch.minimum(u * mass, torch.nextafter(mass, torch.zeros_like(mass)))  # strictly below the kept mass
-    idx = torch.searchsorted(csum, x.unsqueeze(-1), right=True)
-    token_prob = ranked.gather(-1, idx).squeeze(-1) / mass
-    tokens = idx.squeeze(-1) if order is None else order.gather(-1, idx).squeeze(-1)
-    return tokens, token_prob
-
-
 # --------------------------------------------------------------------------- samplers
 
 
@@ -557,9 +542,11 @@ def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len:
     adapter.counter.reset()
     batch = cfg.batch_size or num_samples
     chunks, refreshes = [], []
+    model = getattr(adapter, "model", None)
     runtime.synchronize(device)
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), (constant_conditioning(model) if isinstance(model, torch.nn.Module)
+                                  else contextlib.nullcontext()):
         for done in range(0, num_samples, batch):
             chunks.append(_trajectory(adapter, sampler, cfg, min(batch, num_samples - done), seq_len, generator,
                                       callback))

@@ -25,6 +25,16 @@ L, T = 16, 16
 SETUP_READS = 3  # per trajectory: alpha on the time grid, the end-of-block check; per call: the tokens to the host
 
 
+@pytest.fixture(autouse=True)
+def device_nucleus_draw(monkeypatch):
+    """Count what a GPU runs: on a CPU tensor the nucleus draw reads its own values on the host
+    (free there: `tadm.sampling.nucleus`), on any other device it reads nothing. (These tests'
+    vocabulary is below HOST_MIN_CLASSES, so the CPU would take the device path anyway.)"""
+    import tadm.sampling.nucleus as nucleus
+
+    monkeypatch.setattr(nucleus, "HOST_DRAW", False)
+
+
 @pytest.fixture(scope="module")
 def models():
     return {kind: random_model(kind, seq_len=32) for kind in ("mdlm", "adlm", "tadm", "sedd", "ar")}

@@ -46,6 +46,15 @@ import torch.distributed as dist
 from tadm.errors import ConfigError, TadmError
 
 CPU = torch.device("cpu")
+
+
+def autocast_state(device: torch.device) -> tuple:
+    """(device type, the dtype autocast runs in there, or None when it is off or the type has no
+    autocast): a key for what a cached computation depends on."""
+    kind = device.type
+    if kind not in ("cpu", "cuda") or not torch.is_autocast_enabled(kind):
+        return (kind, None)
+    return (kind, torch.get_autocast_dtype(kind))
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 

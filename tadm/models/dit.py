@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tadm import runtime
+
 COND_DIM = 128  # size of the conditioning vector c (MDLM's cond_dim)
 FREQ_DIM = 256  # sinusoidal features fed to the condition embedder (MDLM's default)
 ROPE_BASE = 10_000.0
@@ -125,10 +127,7 @@ def _weights_key(module: nn.Module) -> tuple | None:
 
 
 def _autocast_key(device: torch.device) -> tuple:
-    kind = device.type
-    if kind not in ("cpu", "cuda") or not torch.is_autocast_enabled(kind):
-        return (kind, None)
-    return (kind, torch.get_autocast_dtype(kind))
+    return runtime.autocast_state(device)
 
 
 def _capturing() -> bool:

@@ -63,6 +63,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tadm import runtime
+
 NUCLEUS_CANDIDATES = (256, 4096)  # the top-k sizes a row's nucleus is looked for in, in turn
 HOST_DRAW = True  # draw_nucleus on a CPU tensor takes the host path (False: the reference)
 HOST_MIN_CLASSES = 1024  # below this many classes torch's sort of a row costs less than the host path's overhead
@@ -82,7 +84,7 @@ def draw_nucleus(probs: Tensor, p: float, generator: torch.Generator) -> tuple[T
     u = torch.rand(probs.shape[:-1], generator=generator, device=probs.device, dtype=probs.dtype)
     if p >= 1.0:
         return _draw_unfiltered(probs, u)
-    if HOST_DRAW and probs.device.type == "cpu" and probs.dim() == 2 and probs.shape[-1] >= HOST_MIN_CLASSES:
+    if HOST_DRAW and probs.device.type == runtime.CPU.type and probs.dim() == 2 and probs.shape[-1] >= HOST_MIN_CLASSES:
         return draw_on_host(probs, p, u)
     return draw_by_sort(probs, p, u)
 

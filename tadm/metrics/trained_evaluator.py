@@ -195,7 +195,7 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
         loss, grad_norm = train_step(model, opt, x, learning_rate(step, p))
         done = step + 1
         for what, value in (("loss", loss), ("gradient norm", grad_norm)):  # read every step anyway
-            check_value("evaluator", what, done, value, checkpoint.last_good(CHECKPOINTS))
+            check_value("evaluator", what, done, value, lambda: checkpoint.last_good(CHECKPOINTS))
         if done % c.checkpoint_every == 0 or done == c.steps:
             sd = model.state_dict()  # no EMA: the live weights fill both slots of the checkpoint layout
             checkpoint.save(CHECKPOINTS, checkpoint.TrainState(done, sd, sd, opt.state_dict(),
@@ -219,7 +219,6 @@ def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
     """The three checks of the module docstring on the Data row's held-out sets."""
     from tadm.data.tokenizer import build_gpt2
     from tadm.metrics import mauve_score_features
-
     from tadm.metrics.scorer import Scorer
 
     scorer = Scorer(dataclasses.replace(p, eval=dataclasses.replace(p.eval, evaluator=TRAINED, featurizer=TRAINED)),

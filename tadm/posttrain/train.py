@@ -154,7 +154,7 @@ def _locked_loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps
         watch.observe(done, total, grad_norm)
         saved = done % checkpoint_every == 0 or done == steps
         if done % log_every == 0 or saved:  # a host sync these steps make anyway: stop a diverged run first
-            watch.check(d.world, checkpoint.last_good(run_dir))
+            watch.check(d.world, lambda: checkpoint.last_good(run_dir))
         if done % log_every == 0 or done == steps:
             loss_value = all_mean(float(total), d)
             now = time.perf_counter()

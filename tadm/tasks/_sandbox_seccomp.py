@@ -41,25 +41,27 @@ SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1 << 2
 CLONE_NEW_FLAGS = (0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000  # TIME NS CGROUP UTS IPC
                    | 0x10000000 | 0x20000000 | 0x40000000)  # USER PID NET
 
+# Calls added since Linux 5.1 share one number on every architecture (asm-generic/unistd.h).
+_UNIFIED_DENY = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
+                 "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+                 "mount_setattr": 442}
+CLONE3 = 435
+
 # Per machine: its audit arch, then the syscall numbers (asm/unistd.h) of each role.
 SYSCALLS = {
     "x86_64": {
         "arch": 0xC000003E,
-        "deny": {"unshare": 272, "setns": 308, "io_uring_setup": 425, "io_uring_enter": 426,
-                 "io_uring_register": 427, "mount": 165, "umount2": 166, "pivot_root": 155,
-                 "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-                 "fspick": 433, "mount_setattr": 442, "bpf": 321, "perf_event_open": 298,
-                 "userfaultfd": 323, "ptrace": 101, "add_key": 248, "request_key": 249, "keyctl": 250},
-        "clone": 56, "clone3": 435, "prctl": 157, "seccomp": 317,
+        "deny": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "bpf": 321,
+                 "perf_event_open": 298, "userfaultfd": 323, "ptrace": 101, "add_key": 248, "request_key": 249,
+                 "keyctl": 250, **_UNIFIED_DENY},
+        "clone": 56, "clone3": CLONE3, "prctl": 157, "seccomp": 317,
     },
     "aarch64": {
         "arch": 0xC00000B7,
-        "deny": {"unshare": 97, "setns": 268, "io_uring_setup": 425, "io_uring_enter": 426,
-                 "io_uring_register": 427, "mount": 40, "umount2": 39, "pivot_root": 41,
-                 "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-                 "fspick": 433, "mount_setattr": 442, "bpf": 280, "perf_event_open": 241,
-                 "userfaultfd": 282, "ptrace": 117, "add_key": 217, "request_key": 218, "keyctl": 219},
-        "clone": 220, "clone3": 435, "prctl": 167, "seccomp": 277,
+        "deny": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "bpf": 280,
+                 "perf_event_open": 241, "userfaultfd": 282, "ptrace": 117, "add_key": 217, "request_key": 218,
+                 "keyctl": 219, **_UNIFIED_DENY},
+        "clone": 220, "clone3": CLONE3, "prctl": 167, "seccomp": 277,
     },
 }
 

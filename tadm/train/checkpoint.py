@@ -221,7 +221,7 @@ def restore_optimizer(opt: torch.optim.Optimizer, saved: dict) -> None:
 def save(run_dir: Path, state: TrainState, param_names: list[str], keep: int = 2) -> Path:
     """Write checkpoint ``step_XXXXXX`` atomically, point ``latest`` at it, prune old ones."""
     run_dir = Path(run_dir)
-    name = f"step_{state.step:06d}"
+    name = step_dir(run_dir, state.step).name
     opt_tensors, opt_meta = _flatten_optimizer(state.optimizer, param_names)
     for what, tensors in (("weights", state.model), ("EMA weights", state.ema), ("optimizer state", opt_tensors)):
         bad = first_non_finite(tensors)
@@ -268,6 +268,11 @@ def load(ckpt_dir: Path, param_names: list[str]) -> TrainState:
             raise CheckpointCorrupt(f"{ckpt_dir}: {what} tensor {bad} holds NaN or inf (the run had diverged); "
                                     f"not resumed from")
     return TrainState(step=meta["step"], model=model, ema=ema, optimizer=opt, extra=meta["extra"])
+
+
+def step_dir(run_dir: Path | str, step: int) -> Path:
+    """The directory of step `step`'s checkpoint in `run_dir`."""
+    return Path(run_dir) / f"step_{step:06d}"
 
 
 def check_tensors(ckpt: Path | str, expected: dict[str, torch.Tensor], state: TrainState) -> None:

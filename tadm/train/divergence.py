@@ -13,6 +13,7 @@ non-finite weights.
 from __future__ import annotations
 
 import math
+from typing import Callable, Union
 
 import torch
 
@@ -27,11 +28,17 @@ class Diverged(TadmError):
     """A training run met a non-finite loss, gradient norm or validation value."""
 
 
-def _hint(last_good: str) -> str:
-    return f"stopped, {last_good}; lower the learning rate or raise the warm-up, then resume"
+# what the error says about the kept checkpoint: a string, or a function asked only when a run
+# has diverged (the directory is not listed on the steps that are fine)
+LastGood = Union[str, Callable[[], str]]
 
 
-def check_value(run: str, what: str, step: int, value: float, last_good: str) -> None:
+def _hint(last_good: LastGood) -> str:
+    said = last_good() if callable(last_good) else last_good
+    return f"stopped, {said}; lower the learning rate or raise the warm-up, then resume"
+
+
+def check_value(run: str, what: str, step: int, value: float, last_good: LastGood) -> None:
     """Raise :class:`Diverged` if `value` (a host float: a validation NELBO, a logged loss) is
     NaN or infinite."""
     if not math.isfinite(value):
@@ -56,7 +63,7 @@ class FiniteWatch:
         self.value = torch.where(first, torch.where(loss_ok, grad_norm.double(), loss.double()), self.value)
         self.what = torch.where(first, loss_ok.long(), self.what)
 
-    def check(self, world: int, last_good: str) -> None:
+    def check(self, world: int, last_good: LastGood) -> None:
         """Raise :class:`Diverged` on every process if any process saw a non-finite step (a host
         sync; under torchrun a collective, so every process must call it at the same steps)."""
         bad = (self.step >= 0).long().reshape(1)

@@ -154,7 +154,7 @@ def resume_state(run_dir: Path, names: list[str], settings: dict, *, steps: int,
     runtime.barrier(d)
     state = checkpoint.load_latest(run_dir, names, settings, log=log, restart=hint)
     if state is not None and expected is not None:
-        checkpoint.check_tensors(Path(run_dir) / f"step_{state.step:06d}", expected, state)
+        checkpoint.check_tensors(checkpoint.step_dir(run_dir, state.step), expected, state)
     if state is not None and state.step > steps:
         raise TadmError(f"the newest checkpoint is at step {state.step}, beyond {steps_key} = {steps}: raise "
                         f"{steps_key} to continue it, or start over with {hint}")
@@ -407,7 +407,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
         logged, evaluated = done % p.train.log_every == 0, done % p.train.eval_every == 0
         saved = done % p.train.checkpoint_every == 0 or done == p.train.steps
         if logged or evaluated or saved:  # a host sync these steps make anyway: stop a diverged run first
-            watch.check(d.world, checkpoint.last_good(paths.checkpoints))
+            watch.check(d.world, lambda: checkpoint.last_good(paths.checkpoints))
         if logged or done == p.train.steps:
             train_loss = all_mean(float(loss_sum) / len(mine), d)  # the host sync of the interval
             now = time.perf_counter()
@@ -422,7 +422,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
             model.load_state_dict(ema.state_dict(model))
             nelbo = evaluate(method, model, valid_data, p, d)
             model.load_state_dict(live)
-            check_value(name, "validation NELBO", done, nelbo, checkpoint.last_good(paths.checkpoints))
+            check_value(name, "validation NELBO", done, nelbo, lambda: checkpoint.last_good(paths.checkpoints))
             evals.append({"step": done, "val_nelbo": nelbo, "val_ppl_bound": math.exp(min(nelbo, 50))})
         if d.main and saved:
             extra = {"fingerprint": fp, "settings": settings, "history": history, "evals": evals,

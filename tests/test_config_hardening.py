@@ -335,14 +335,14 @@ def test_a_non_decimal_integer_is_refused_not_silently_converted(tmp_path, text,
     path = tmp_path / "params.yaml"
     path.write_text(f"train:\n  steps: {text}\n")
     with pytest.raises(ConfigError, match=rf"train\.steps: '{re.escape(text)}' on line 2 is not a decimal integer .*as {read_as}"):
-        config._read_yaml(path)
+        config.read_yaml(path)
     path.write_text("train:\n  steps: 1_000\n  lr: 0.001\n  name: '010'\n")
-    assert config._read_yaml(path)["train"] == {"steps": 1000, "lr": 0.001, "name": "010"}
+    assert config.read_yaml(path)["train"] == {"steps": 1000, "lr": 0.001, "name": "010"}
 
 
 def test_a_device_as_params_file_is_named_as_such():
     with pytest.raises(ConfigError, match="/dev/zero: is not a regular file"):
-        config._read_yaml(__import__("pathlib").Path("/dev/zero"))
+        config.read_yaml(__import__("pathlib").Path("/dev/zero"))
 
 
 def test_notebook_boolean_parameters_parse_papermills_text():

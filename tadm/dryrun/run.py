@@ -41,7 +41,7 @@ FIGURES = ("table2.md", "table2.csv", "table2_compute.md", "table2_throughput.md
 
 def render() -> dict:
     """The dry run's params: the paper profile with the size-only overlay, validated."""
-    raw = config._deep_merge(config._merged_profile("paper"), config._read_yaml(OVERLAY, source=str(OVERLAY)))
+    raw = config.deep_merge(config.merged_profile("paper"), config.read_yaml(OVERLAY, source=str(OVERLAY)))
     config.from_dict(raw, source=f"profiles/paper.yaml + {OVERLAY.relative_to(config.ROOT)}")
     return raw
 

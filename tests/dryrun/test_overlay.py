@@ -28,7 +28,7 @@ def leaves(node, path=()):
 
 
 def test_overlay_changes_only_sizes_and_renders_valid():
-    paper, dry = dict(leaves(config._merged_profile("paper"))), dict(leaves(run.render()))
+    paper, dry = dict(leaves(config.merged_profile("paper"))), dict(leaves(run.render()))
     assert paper.keys() == dry.keys()
     changed = [p for p in paper if paper[p] != dry[p]]
     assert changed, "the overlay shrinks nothing"

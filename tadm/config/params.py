@@ -1,0 +1,60 @@
+"""The run-wide sections (`claims`, `runtime`) and the top-level `Params` that holds every section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tadm.config.asrd import AsrdConfig
+from tadm.config.data import CorpusConfig, PackingConfig, SftConfig, TokenizerConfig
+from tadm.config.fields import spec
+from tadm.config.posttrain import PosttrainConfig
+from tadm.config.pretrain import ModelConfig, TrainConfig
+from tadm.config.sampling import EvalConfig, SampleConfig
+
+
+@dataclass
+class ClaimsConfig:
+    """The claims table's verdict rules (tadm.experiments.claims), declared before any number is
+    read: the threshold of direction claims, the interval of equivalence claims, the power behind
+    the minimum detectable effects, the equivalence margins per metric, and the between-training-run
+    sd of a MAUVE cell added to comparisons of separately trained models (0: none)."""
+
+    z: float = spec(2.0, gt=0.0)  # direction / magnitude: an effect beyond z se
+    equivalence_level: float = spec(0.90, gt=0.5, lt=1.0)  # TOST: this two-sided interval inside the margin
+    power: float = spec(0.8, gt=0.5, lt=1.0)  # minimum detectable effect and the n for the paper's effect
+    margin_accuracy_pts: float = spec(1.5, gt=0.0)  # accuracy, points
+    margin_mauve: float = spec(0.05, gt=0.0)  # MAUVE, absolute
+    margin_gen_ppl_rel: float = spec(0.05, gt=0.0)  # Gen PPL, relative (5 %: log ratio within log 1.05)
+    training_sd_mauve: float = spec(0.10, ge=0.0)  # one MAUVE cell's sd over training runs
+
+
+@dataclass
+class RuntimeConfig:
+    """Where and how every stage runs (tadm.runtime): one device setting for all of them."""
+
+    device: str = "auto"  # auto (CUDA when present, else CPU) | cpu | cuda | cuda:N
+    precision: Literal["bf16", "fp32"] = "bf16"  # autocast of sampling (GPU; CPU with native bf16) and scoring (GPU)
+    tf32: bool = True  # TF32 matmuls on Ampere and newer GPUs
+    nproc: int = spec(1, ge=1)  # processes per node: > 1 runs train / sampling / scoring under torchrun
+    jobs: int = spec(1, ge=1)  # jobs of the train stage side by side, each with 1/jobs of the CPU threads
+    compile: bool = False  # torch.compile the network that trains (each transformer block, tadm.train.trainer)
+    cuda_graphs: bool = False  # CUDA-graph replay of sampling's fixed-shape pieces; ignored (one note) off CUDA
+
+
+@dataclass
+class Params:
+    profile: str = spec("default", nonempty=True)
+    seed: int = spec(0, ge=0)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    packing: PackingConfig = field(default_factory=PackingConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    posttrain: PosttrainConfig = field(default_factory=PosttrainConfig)
+    asrd: AsrdConfig = field(default_factory=AsrdConfig)
+    claims: ClaimsConfig = field(default_factory=ClaimsConfig)

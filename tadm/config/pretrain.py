@@ -1,0 +1,52 @@
+"""The pretraining sections: the transformer sizes (`model`) and the training run (`train`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tadm.config.fields import spec
+
+
+@dataclass
+class ModelConfig:
+    """Transformer sizes shared by MDLM, ADLM, TADM, SEDD and AR (paper: App. C.2)."""
+
+    d_model: int = spec(768, ge=8)
+    n_heads: int = spec(12, ge=1)
+    mlp_ratio: int = spec(4, ge=1)
+    mdlm_layers: int = spec(12, ge=1)
+    anchor_layers: int = spec(12, ge=1)
+    denoiser_layers: int = spec(6, ge=1)
+    dropout: float = spec(0.0, ge=0.0, lt=1.0)
+    # the MLP's GELU: "tanh" (the tanh approximation of the released MDLM / ADLM DiT) or "exact"
+    # (erf; the same function to 5e-4, and ~3x cheaper than the approximation on a CPU)
+    gelu: Literal["tanh", "exact"] = "tanh"
+
+
+@dataclass
+class TrainConfig:
+    models: list[Literal["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"]] = spec(
+        ["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"], nonempty=True
+    )
+    steps: int = spec(1_000_000, ge=1)
+    global_batch: int = spec(512, ge=1)
+    micro_batch: int = spec(16, ge=1)
+    lr: float = spec(3.0e-4, gt=0.0)
+    # after warm-up: "constant" (MDLM's) or "cosine" down to min_lr_ratio x lr at the last step
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = spec(0.1, ge=0.0, le=1.0)
+    betas: list[float] = spec([0.9, 0.999], length=2, ge=0.0, lt=1.0)
+    eps: float = spec(1.0e-8, gt=0.0)
+    weight_decay: float = spec(0.0, ge=0.0)
+    warmup_steps: int = spec(2500, ge=0)
+    grad_clip: float = spec(1.0, gt=0.0)
+    ema: float = spec(0.9999, ge=0.0, lt=1.0)
+    precision: Literal["fp32", "bf16"] = "bf16"
+    gamma: float = spec(3.0e-3, ge=0.0)  # weight of TADM's anchor cross-entropy
+    refresh_choices: list[int] = spec([1, 2, 4, 8], nonempty=True, ge=1)  # K ~ U{...}
+    budget_choices: list[int] = spec([128, 256, 512, 1024, 2048, 4096], nonempty=True, ge=1)
+    eval_every: int = spec(10_000, ge=1)
+    eval_sequences: int = spec(256, ge=1)  # validation sequences scored at each evaluation
+    checkpoint_every: int = spec(10_000, ge=1)
+    log_every: int = spec(100, ge=1)

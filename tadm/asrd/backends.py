@@ -39,9 +39,6 @@ from tadm.errors import ConfigError
 @dataclass
 class DecodeCounters:
     calls: int = 0  # model passes
-    # passes made only to verify: none since ASRD's checks ride on the generation pass (always 0;
-    # kept for tadm.asrd.compare's verify_calls / verify_calls_per_batch columns)
-    verify_calls: int = 0
     refreshes: int = 0  # anchor evaluations (time-anchored models)
     layer_calls: int = 0  # transformer-layer calls, the paper's compute unit
 

@@ -258,8 +258,7 @@ def frame(results: dict):
                           "sd": m["accuracy_sd"], "delta_pts": m["accuracy"] - base["accuracy"],
                           "base": m.get("base") or "", "delta_base_pts": m["accuracy"] - own,
                           "tokens_per_s": m["tokens_per_s"], "speedup_x": speedup, "speedup_se": se,
-                          "calls": m["calls_per_batch"], "verify_calls": m["verify_calls_per_batch"],
-                          "layer_calls": m["layer_calls_per_batch"], "remasked": m["remasked_per_sequence"],
+                          "calls": m["calls_per_batch"], "layer_calls": m["layer_calls_per_batch"], "remasked": m["remasked_per_sequence"],
                           "checked": m.get("verified_per_sequence", 0.0)})
     return pd.DataFrame(lines)
 

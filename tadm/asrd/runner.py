@@ -62,7 +62,6 @@ class Tally:
     tokens: int = 0
     batches: int = 0
     calls: int = 0
-    verify_calls: int = 0
     layer_calls: int = 0
     refreshes: int = 0
     remasked: int = 0
@@ -81,8 +80,8 @@ class Tally:
         per_batch = lambda v: v / self.batches  # noqa: E731
         return {"accuracy": statistics.mean(acc), "accuracy_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
                 "accuracy_seeds": acc, "tokens_per_s": self.tokens / self.seconds,
-                "calls_per_batch": per_batch(self.calls), "verify_calls_per_batch": per_batch(self.verify_calls),
-                "layer_calls_per_batch": per_batch(self.layer_calls), "refreshes_per_batch": per_batch(self.refreshes),
+                "calls_per_batch": per_batch(self.calls), "layer_calls_per_batch": per_batch(self.layer_calls),
+                "refreshes_per_batch": per_batch(self.refreshes),
                 "remasked_per_sequence": self.remasked / self.sequences,
                 "verified_per_sequence": self.verified / self.sequences, "examples": self.examples[:5],
                 "batch_seconds": self.batch_seconds}
@@ -113,7 +112,7 @@ class Batches:
                 c = r.counters
                 out.append({"texts": texts, "correct": [bool(task.score(starts[j] + k, t)) for k, t in enumerate(texts)],
                             "generated": generated, "seconds": r.seconds, "calls": c.calls,
-                            "verify_calls": c.verify_calls, "layer_calls": c.layer_calls, "refreshes": c.refreshes,
+                            "layer_calls": c.layer_calls, "refreshes": c.refreshes,
                             "remasked": r.remasked, "verified": r.verified, "sequences": len(r.tokens)})
         accuracies = []
         for out, (_, tally) in zip(mine, jobs):  # the same collectives, in the same order, on every process
@@ -133,7 +132,6 @@ def _count(tally: Tally, b: dict) -> None:
     tally.tokens += b["generated"]
     tally.batches += 1
     tally.calls += b["calls"]
-    tally.verify_calls += b["verify_calls"]
     tally.layer_calls += b["layer_calls"]
     tally.refreshes += b["refreshes"]
     tally.remasked += b["remasked"]

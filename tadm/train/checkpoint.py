@@ -60,6 +60,7 @@ from safetensors.torch import load_file, save_file
 
 from tadm.errors import TadmError
 from tadm.io import atomic_path, atomic_write_text, json_loads, sha256_file
+from tadm.models.base import mismatch_report
 from tadm.runtime import host
 from tadm.train.divergence import Diverged, first_non_finite
 
@@ -278,20 +279,12 @@ def step_dir(run_dir: Path | str, step: int) -> Path:
 def check_tensors(ckpt: Path | str, expected: dict[str, torch.Tensor], state: TrainState) -> None:
     """The checkpoint's weights (and EMA weights) name exactly the `expected` tensors (the model's
     state dict, or the trained subset), with their shapes and dtypes: a one-line
-    :class:`CheckpointCorrupt` naming the first differences, instead of a RuntimeError from
-    ``load_state_dict`` (the settings fingerprint agreed, so the files were changed)."""
+    :class:`CheckpointCorrupt` naming the first differences (`models.base.mismatch_report`), instead
+    of a RuntimeError from ``load_state_dict`` (the settings fingerprint agreed, so the files were changed)."""
     for what, tensors in (("model.safetensors", state.model), ("ema.safetensors", state.ema)):
-        problems = [f"missing {k}" for k in expected if k not in tensors]
-        problems += [f"unexpected {k}" for k in tensors if k not in expected]
-        for k, v in expected.items():
-            t = tensors.get(k)
-            if t is not None and (tuple(t.shape) != tuple(v.shape) or t.dtype != v.dtype):
-                problems.append(f"{k}: checkpoint {str(t.dtype).removeprefix('torch.')}{list(t.shape)} vs model "
-                                f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}")
-        if problems:
-            more = f"; +{len(problems) - 3} more" if len(problems) > 3 else ""
-            raise CheckpointCorrupt(f"{ckpt}: {what}: {len(problems)} tensor(s) differ from the model: "
-                                    f"{'; '.join(problems[:3])}{more}")
+        n, tally, listed = mismatch_report(expected, tensors)
+        if n:
+            raise CheckpointCorrupt(f"{ckpt}: {what}: {n} tensor(s) differ from the model {tally}: {listed}")
 
 
 # what tadm.io.atomic_path leaves in a run directory when a save is killed: its temporary

@@ -100,7 +100,7 @@ def test_no_sweep_values_means_no_sweeps(params):
 
 def _row(acc, base=None, batch_seconds=(1.0, 2.0, 1.5)):
     return {"accuracy": acc, "accuracy_sd": 0.0, "tokens_per_s": 100.0, "calls_per_batch": 3.0,
-            "verify_calls_per_batch": 0.0, "layer_calls_per_batch": 12.0, "remasked_per_sequence": 0.5,
+            "layer_calls_per_batch": 12.0, "remasked_per_sequence": 0.5,
             "verified_per_sequence": 2.0, "base": base, "batch_seconds": list(batch_seconds)}
 
 

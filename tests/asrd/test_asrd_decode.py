@@ -37,7 +37,7 @@ def test_asrd_with_zero_guidance_and_perturbation_is_its_base_step_for_step(tiny
     assert torch.equal(r0.tokens, r1.tokens) and r0.counters == r1.counters
     assert s1[-1].anchors.any()  # the cache was kept (and read by nothing)
     on, _ = _trace(MaskedBackend(tiny_models[kind], refresh), base.replace(method="asrd", guidance=3.0, perturbation=2.0))
-    assert on.verified > 0 and on.counters.verify_calls == 0  # checks happen, inside the generation passes
+    assert on.verified > 0  # checks happen, inside the generation passes
     assert on.counters.calls == on.steps  # one pass per step
 
 
@@ -117,7 +117,7 @@ def test_time_anchored_backend_refreshes_every_k_passes_checks_included(tiny_mod
     model = tiny_models["tadm"]
     cfg = DecodeSettings(method="asrd", steps=8, block_size=4, guidance=1.0, perturbation=5.0, verify_below=1.0)
     r, _ = _trace(MaskedBackend(model, refresh_every=3), cfg)
-    assert r.verified > 0 and r.counters.verify_calls == 0 and r.counters.calls == 8
+    assert r.verified > 0 and r.counters.calls == 8
     assert r.counters.refreshes == -(-r.counters.calls // 3)
     c = model.cfg
     assert r.counters.layer_calls == c.denoiser_layers * r.counters.calls + c.anchor_layers * r.counters.refreshes
@@ -196,7 +196,6 @@ def test_asrd_checks_inside_the_generation_pass_as_many_forwards_as_its_base(tin
     assert r.verified > 0 and r.remasked > 0  # candidates were checked and some revoked
     assert len(calls) == plain == 8 == r.counters.calls  # ... at no extra forward
     assert [s.calls for s in steps] == list(range(1, len(steps) + 1))  # one forward per step
-    assert r.counters.verify_calls == 0
 
 
 def test_with_the_threshold_every_step_is_one_forward_and_a_decided_block_waits_for_its_checks(tiny_models):
@@ -210,7 +209,7 @@ def test_with_the_threshold_every_step_is_one_forward_and_a_decided_block_waits_
     finally:
         hook.remove()
     assert [s.block for s in s0] == [0, 1]
-    assert len(calls) == r1.counters.calls == r1.steps == len(s1) and r1.counters.verify_calls == 0
+    assert len(calls) == r1.counters.calls == r1.steps == len(s1)
     # block 0, decided at its first step, waits one pass for the check of its commits (held twice:
     # anchors, k = 2); block 1's predictions already held over block 0's passes: anchors at once
     assert [s.block for s in s1] == [0, 0, 1] and not s1[1].committed.any()

@@ -87,7 +87,7 @@ def test_asrd_two_processes_score_what_one_does(posttrain_workspace, tmp_path):
         assert g1["n"] == g2["n"] and list(g1["methods"]) == list(g2["methods"])
         for label in g1["methods"]:
             _same(g1["methods"][label], g2["methods"][label],
-                  ("accuracy_seeds", "calls_per_batch", "verify_calls_per_batch", "layer_calls_per_batch",
+                  ("accuracy_seeds", "calls_per_batch", "layer_calls_per_batch",
                    "refreshes_per_batch", "remasked_per_sequence", "verified_per_sequence", "examples", "settings"))
     sweeps = results[1]["sweeps"]["points"]
     assert sweeps and len(sweeps) == len(results[2]["sweeps"]["points"])

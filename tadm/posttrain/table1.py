@@ -314,16 +314,25 @@ class Runner:
     @torch.no_grad()
     def flops(self, task: Task) -> dict[str, dict]:
         """Per method on the first prompt batch: FLOPs of a whole ``generate`` and of its decoder
-        calls (not timed; it is also every method's warm-up before the timed, scored runs)."""
+        calls (not timed; it is also every method's warm-up before the timed, scored runs). The
+        counting (every op through a dispatch mode: a few times a plain ``generate``) is split
+        over the processes, method i on process i mod world, the others warmed up by a plain
+        ``generate``; the counts are the same on any process (the same batch and seed)."""
         ids, mask = self.encode(task.prompts[: self.p.posttrain.eval_batch_size])
         kw = self.kwargs(task.max_new_tokens)
-        out = {}
-        for m in self.methods:
+        mine = set(runtime.shard(len(self.methods), self.dist))
+        counted = []
+        for i, m in enumerate(self.methods):
             torch.manual_seed(0)
+            if i not in mine:
+                with self.dist.autocast():
+                    m.generate(ids, mask, **kw)
+                continue
             with DecoderProbe(m.decoder_owner, count_flops=True) as probe, self.dist.autocast():
                 total = count_flops(lambda: m.generate(ids, mask, **kw))
-            out[m.label] = {"flops": total, "decoder_flops": probe.flops}
-        return out
+            counted.append({"flops": total, "decoder_flops": probe.flops})
+        counts = runtime.gather(counted, len(self.methods), self.dist)
+        return {m.label: c for m, c in zip(self.methods, counts)}
 
     def tokens_per_prompt(self, task: Task) -> int:
         """Generated canvas positions per prompt (every canvas counted whole)."""

@@ -38,6 +38,20 @@ def stage_minutes(name: str | None = None) -> float:
     return (times["total_seconds"] if name is None else times["stages"][name]["seconds"]) / 60
 
 
+def claim(cid: str) -> dict:
+    """A row of the claims table the pipeline wrote (paper_figures/claims.csv), numbers as floats."""
+    import csv
+
+    with open(ROOT / "paper_figures" / "claims.csv", newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["id"] == cid)
+    return {**row, **{k: float(row[k]) for k in ("value", "se", "n", "mde")}}
+
+
+def signed(x: float, digits: int = 1) -> str:
+    """x as the prose writes it: a typographic minus."""
+    return f"{x:.{digits}f}".replace("-", "\u2212")
+
+
 def text(doc: str) -> str:
     """The document with every run of whitespace as one space (quotes may wrap lines)."""
     return re.sub(r"\s+", " ", (ROOT / doc).read_text())
@@ -68,6 +82,17 @@ FIGURES = [
      lambda: f"**{stage_minutes():.1f} minutes** in all"),
     ("docs/default-profile.md", "the ASRD stage's time",
      lambda: f"a smaller ASRD comparison ({stage_minutes('asrd'):.1f} minutes"),
+    ("docs/default-profile.md", "TADM's throughput against ADLM (a timing: moves with every run)",
+     lambda: f"TADM‡ runs {1 + claim('throughput_vs_adlm')['value']:.2f}x ± {claim('throughput_vs_adlm')['se']:.2f}x "
+             "ADLM at T = 64, K = 8"),
+    ("docs/default-profile.md", "TADM:Post-train's speed-up over its base (a timing)",
+     lambda: f"TADM:Post-train: {1 + claim('posttrain_throughput')['value']:.2f}x ± "
+             f"{claim('posttrain_throughput')['se']:.2f}x over its base at K = 3"),
+    ("docs/default-profile.md", "TADM:Post-train's accuracy against the control",
+     lambda: f"accuracy {signed(claim('posttrain_accuracy')['value'])} ± {claim('posttrain_accuracy')['se']:.1f} "
+             f"points against the fresh-anchor control on {claim('posttrain_accuracy')['n']:.0f} problems"),
+    ("docs/default-profile.md", "the post-train comparison's detectable margin",
+     lambda: f"the run's detectable margin is {claim('posttrain_accuracy')['mde']:.1f} points"),
     ("README.md", "the run's stage time",
      lambda: f"| `make reproduce` (default profile, every stage from scratch) | {stage_minutes():.1f} minutes"),
 ]

@@ -54,9 +54,10 @@ from tadm.config.posttrain import DiffusionGemmaSize, PosttrainConfig
 from tadm.config.pretrain import ModelConfig, TrainConfig
 from tadm.config.reading import MAX_BYTES, MAX_DEPTH, MAX_NODES, read_yaml
 from tadm.config.sampling import EvalConfig, SampleConfig, TrainedEvaluatorConfig
+from tadm.errors import ConfigError  # what every check raises (tadm.errors), as before the split
 
 __all__ = [
-    "AsrdConfig", "ClaimsConfig", "CorpusConfig", "DiffusionGemmaSize", "EvalConfig", "HubSftSource", "MAX_BYTES",
+    "AsrdConfig", "ClaimsConfig", "ConfigError", "CorpusConfig", "DiffusionGemmaSize", "EvalConfig", "HubSftSource", "MAX_BYTES",
     "MAX_DEPTH", "MAX_NODES", "ModelConfig", "PARAMS_FILE", "PARAMS_HEADER", "PROFILES_DIR", "PackingConfig", "Params",
     "PosttrainConfig", "ROOT", "RuntimeConfig", "SampleConfig", "SftConfig", "TokenizerConfig", "TrainConfig",
     "TrainedEvaluatorConfig", "as_bool", "available_profiles", "deep_merge", "from_dict", "load", "merged_profile",

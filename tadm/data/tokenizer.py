@@ -82,11 +82,16 @@ def load_tokenizer(name_or_dir: str | Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(name_or_dir))
+        tok = AutoTokenizer.from_pretrained(str(name_or_dir))
     except Exception as e:  # noqa: BLE001 - a malformed tokenizer.json fails in many ways (KeyError, the
         # Rust parser's Exception, RecursionError...): each is one line naming the directory
         why = (str(e).splitlines() or [""])[0] or repr(e)
         raise DataError(f"cannot load tokenizer {str(name_or_dir)!r}: {type(e).__name__}: {why}") from None
+    # from_pretrained records HF_HUB_OFFLINE's value as an init argument, which save_pretrained
+    # writes into tokenizer_config.json: a saved copy (models/evaluator, models/dg_base) would
+    # differ by the shell's environment. It says how the files were found, not what they are.
+    tok.init_kwargs.pop("local_files_only", None)
+    return tok
 
 
 def build(cfg: TokenizerConfig, corpus_dir: str | Path, out_dir: str | Path) -> dict:

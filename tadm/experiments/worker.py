@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -73,16 +74,49 @@ def launch(job: str, params: Params, args: dict[str, Any], log: Callable[[str], 
                                     "result": str(result)}, indent=2))
         argv = runtime.torchrun_argv(params.runtime.nproc, [MODULE, job, str(spec)])
         tail: collections.deque[str] = collections.deque(maxlen=30)
+        cause = FailureCause()
         proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)
         assert proc.stdout is not None
         for line in proc.stdout:
             echo(line)
             tail.append(line)
+            cause.read(line)
         rc = proc.wait()
         if rc != 0 or not result.is_file():
-            raise TadmError(f"`{' '.join(argv[1:])}` failed with exit code {rc}; its last lines:\n" + "".join(tail))
+            why = f": {cause.line}" if cause.line else ""
+            trace = "".join(cause.traceback)
+            raise TadmError(f"`{' '.join(argv[1:])}` failed with exit code {rc}{why}\n" + (trace and f"{trace}...\n")
+                            + "its last lines:\n" + "".join(tail))
         return json.loads(result.read_text())
+
+
+class FailureCause:
+    """The first failure a worker printed, read from torchrun's merged output line by line: a
+    worker's one-line ``error: ...`` (a TadmError) or the exception line ending the first
+    traceback (kept too, at most MAX_TRACE lines). torchrun's own failure summary, which fills
+    the output's last lines, names only the exit code."""
+
+    MAX_TRACE = 40
+
+    def __init__(self):
+        self.line: str | None = None
+        self.traceback: list[str] = []
+        self._open = False
+
+    def read(self, raw: str) -> None:
+        if self.line is not None:
+            return
+        line = re.sub(r"^\[(rank|default)?\d+\]: ?", "", raw.rstrip("\n"))  # torchrun's per-rank prefix, if any
+        if self._open:
+            if len(self.traceback) < self.MAX_TRACE:
+                self.traceback.append(raw)
+            if line and not line[0].isspace():  # the exception line closes the traceback
+                self.line, self._open = line.strip(), False
+        elif line.startswith("Traceback (most recent call last):"):
+            self._open, self.traceback = True, [raw]
+        elif line.startswith("error: "):
+            self.line = line.removeprefix("error: ").strip()
 
 
 # ----------------------------------------------------------------------------- the jobs

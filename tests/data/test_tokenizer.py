@@ -65,3 +65,15 @@ def test_bpe_without_corpus_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="run the corpus stage first"):
         tk.build(TokenizerConfig(kind="bpe", vocab_size=600), tmp_path / "none", tmp_path / "tok")
     assert not (tmp_path / "tok").exists()
+
+
+def test_a_saved_copy_of_a_loaded_tokenizer_does_not_depend_on_the_offline_setting(tmp_path, monkeypatch):
+    import json
+
+    tk.build_gpt2().save_pretrained(str(tmp_path / "tok"))
+    saved = {}
+    for offline in ("1", "0"):
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+        tk.load_tokenizer(tmp_path / "tok").save_pretrained(str(tmp_path / offline))
+        saved[offline] = json.loads((tmp_path / offline / "tokenizer_config.json").read_text())
+    assert saved["1"] == saved["0"] and "local_files_only" not in saved["1"]

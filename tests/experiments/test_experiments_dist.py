@@ -94,3 +94,28 @@ def test_asrd_two_processes_score_what_one_does(posttrain_workspace, tmp_path):
     for s1, s2 in zip(sweeps, results[2]["sweeps"]["points"]):
         for side in ("asrd", "base"):
             _same(s1[side], s2[side], ("accuracy_seeds", "calls_per_batch", "remasked_per_sequence", "verified_per_sequence"))
+
+
+def test_a_failed_worker_run_names_the_workers_error_first(tmp_path):
+    """torchrun's failure summary fills the output's last lines; the error's first line must name
+    what failed in the worker (here every rank's one-line DataError: no SFT data under the root)."""
+    from tadm.errors import TadmError
+
+    p = config.from_dict(posttrain_raw(**{"runtime.nproc": 2}))
+    with pytest.raises(TadmError) as e:
+        worker.launch("table1", p, {"root": str(tmp_path), "sft_dir": str(tmp_path / "no-sft"),
+                                    "out": str(tmp_path / "t1.json"), "unsafe_host_execution": False, "control": True},
+                      log=lambda line: None)
+    first = str(e.value).splitlines()[0]
+    assert "failed with exit code" in first and str(tmp_path) in first, first
+
+
+def test_failure_cause_reads_a_traceback_or_an_error_line():
+    c = worker.FailureCause()
+    for line in ["noise\n", "[rank1]: Traceback (most recent call last):\n", '[rank1]:   File "x.py", line 1\n',
+                 "[rank1]: KeyError: 'sanity'\n", "error: later\n"]:
+        c.read(line)
+    assert c.line == "KeyError: 'sanity'" and len(c.traceback) == 3
+    c = worker.FailureCause()
+    c.read("error: data/sft: no manifest.json\n")
+    assert c.line == "data/sft: no manifest.json" and not c.traceback

@@ -1,0 +1,70 @@
+"""Training-free caches run on the same frozen DiffusionGemma as TADM, at matched layer calls.
+
+TADM:Post-train reuses a stale deep state through a *trained* fusion. The training-free
+alternatives it is compared with, on the same base, the same sampler and the same refresh
+interval K:
+
+- **Naive anchor reuse** (:mod:`tadm.caches.naive`): TADM's split and schedule with the fusion
+  bypassed, h = H0. Its layer calls are TADM's, (s + d) T + a ceil(T / K) per canvas; since D
+  reads only h (and the step's fixed side inputs), a reuse step returns its refresh step's logits.
+- **Feature cache** in dLLM-Cache's style (:mod:`tadm.caches.feature`): every layer caches its
+  canvas K, V and the outputs of its attention and FFN branches; a refresh every K_r steps
+  recomputes everything, a reuse step recomputes, per layer >= 1, only the rows whose V moved most
+  (V-verify) and reuses the cached branch outputs elsewhere.
+- **Fast-dLLM's prefix KV cache is already built into the base.** DiffusionGemma decodes block by
+  block: a *causal* encoder writes the K/V of the prompt and of every finished canvas into a KV
+  cache once per canvas, and all the denoising steps of the next canvas only read it (the
+  decoder's layers concatenate it in front of the canvas's own K/V). That is Fast-dLLM's prefix
+  cache refreshed per block, and here it is exact, because no prefix state depends on the canvas
+  being denoised (on a bidirectional base such as LLaDA it is an approximation). Every row of
+  Table 1 -- base, TADM, the caches above -- already reads it, so "TADM + prefix cache" is the
+  TADM row. Fast-dLLM's **dual cache** additionally freezes the K/V of the masked *suffix* after
+  the current block; DiffusionGemma has no suffix (the next canvas does not exist until this one
+  is finished), so it has nothing to apply to. Inside a canvas nothing is ever finished either
+  (unaccepted positions are re-noised every step), so there is no in-canvas prefix to cache.
+
+Matched share. Per canvas of T steps, with R = ceil(T / K) refreshes, the split (s, a, d) and
+L = s + a + d layers, the feature cache (layer 0 always full, n_sel of N rows recomputed on
+layers >= 1 of a reuse step) makes
+
+    C_fc = T + (L - 1) [R + (T - R) rho]        (rho = n_sel / N)
+
+layer calls, and TADM at the same K makes C_T = (s + d) T + a R. Setting C_fc = C_T:
+
+    (L - 1)(T - R) rho = (s + d - 1) T + (a - L + 1) R = (s + d - 1)(T - R)     (L - 1 - a = s + d - 1)
+
+so rho* = (s + d - 1) / (L - 1) (:func:`matched_share`), for every K and T: 4/14 at the default
+split 1/10/4, 9/29 at the paper's 2/20/8 (close to dLLM-Cache's released 0.25). Flooring
+n_sel = floor(rho* N) leaves the feature cache at most (L - 1)(T - R) / N layer calls below TADM.
+
+:data:`CACHE_METHODS` names each method's builder ``(base, p, refresh_every) -> model`` whose
+``generate(ids, refresh_every=K, ...)`` is transformers' generate; its label is the Table 1 row's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tadm.caches.budget import (feature_layer_calls, matched_share, refreshes, selected_rows,
+                                tadm_layer_calls)
+from tadm.caches.feature import FeatureCacheDiffusionGemma, feature_model
+from tadm.caches.naive import BypassFusion, naive_model
+
+
+@dataclass(frozen=True)
+class CacheMethod:
+    """A training-free row of Table 1: its label (a K is appended) and its builder."""
+
+    name: str
+    label: str
+    build: Callable  # (base, p, refresh_every) -> a model with generate(..., refresh_every=K)
+
+
+CACHE_METHODS: dict[str, CacheMethod] = {
+    "naive": CacheMethod("naive", "Naive reuse", naive_model),
+    "feature": CacheMethod("feature", "Feature cache", feature_model),
+}
+
+__all__ = ["CACHE_METHODS", "BypassFusion", "CacheMethod", "FeatureCacheDiffusionGemma", "feature_layer_calls",
+           "feature_model", "matched_share", "naive_model", "refreshes", "selected_rows", "tadm_layer_calls"]

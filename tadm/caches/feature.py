@@ -36,6 +36,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Diffu
 
 from tadm.caches.budget import matched_share, selected_rows
 from tadm.errors import ConfigError
+from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma
 from tadm.posttrain.backbone import DecoderInputs, SplitDiffusionGemma
 
 
@@ -202,26 +203,13 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
         self.counters = FeatureCacheCounters()
         self._cache: _FeatureCache | None = None
 
-    # what the generation mixin reads from a DiffusionGemmaForBlockDiffusion
-    @property
-    def config(self):
-        return self.split.base.config
-
-    @property
-    def model(self):
-        return self.split.base.model
-
-    @property
-    def generation_config(self):
-        return self.split.base.generation_config
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.split.base.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.split.base.device
+    # what the generation mixin reads from a DiffusionGemmaForBlockDiffusion: the base's, read
+    # through the split exactly as TADM's model reads them (its property objects, reused)
+    config = TimeAnchoredDiffusionGemma.config
+    model = TimeAnchoredDiffusionGemma.model
+    generation_config = TimeAnchoredDiffusionGemma.generation_config
+    dtype = TimeAnchoredDiffusionGemma.dtype
+    device = TimeAnchoredDiffusionGemma.device
 
     @property
     def refresh_every(self) -> int:

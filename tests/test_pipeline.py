@@ -27,7 +27,7 @@ STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("throughput", "sw
           + ("table1", "asrd", "claims", "stage_times"))
 FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
-           "table1.md", "table1.csv", "asrd.md", "asrd.csv", "asrd_sweeps.md", "asrd_sweeps.csv", "claims.md", "claims.csv", "claims_summary.md",
+           "table1.md", "table1.csv", "table1_frontier.png", "table1_frontier.pdf", "asrd.md", "asrd.csv", "asrd_sweeps.md", "asrd_sweeps.csv", "claims.md", "claims.csv", "claims_summary.md",
            "table2_throughput.md", "stage_times.md")
 DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft", "data/asrd")
 MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/dg_fresh", "models/asrd_mdlm",
@@ -151,7 +151,8 @@ def test_table1_has_the_base_and_every_k_with_numbers(repo):
     import pandas as pd
 
     t1 = pd.read_csv(repo / "paper_figures" / "table1.csv")
-    assert list(t1.method) == ["Base", "Control (fresh anchor)", "TADM K=1", "TADM K=2", "TADM K=3"]
+    assert list(t1.method) == ["Base", "Control (fresh anchor)", "TADM K=1", "TADM K=2", "TADM K=3", "Naive reuse K=2",
+                               "Naive reuse K=3", "Feature cache K=2", "Feature cache K=3"]
     assert t1.accuracy.between(0, 100).all() and t1.tokens_per_s.gt(0).all() and t1.flop_bound_x.gt(0).all()
     base, control, k1 = t1.iloc[0], t1.iloc[1], t1.iloc[2]
     assert base.compute_x == 1 and k1.compute_x == 1 and k1.accuracy == base.accuracy  # K = 1 is the base
@@ -172,6 +173,9 @@ def test_table1_has_the_base_and_every_k_with_numbers(repo):
     assert json.loads((repo / "metrics" / "posttrain" / "dg_posttrain_fresh.json").read_text())["steps"] == \
         json.loads((repo / "metrics" / "posttrain" / "dg_posttrain.json").read_text())["steps"]
     assert "Δ vs control" in (repo / "paper_figures" / "table1.md").read_text()
+    caches = t1[t1.family.isin(["naive", "feature"])]  # each against TADM at its K, paired
+    assert caches.delta_tadm_pts.notna().all() and t1[~t1.family.isin(["naive", "feature"])].delta_tadm_pts.isna().all()
+    assert (t1.set_index("method").compute_x[["Naive reuse K=2", "Naive reuse K=3"]].values == t1.compute_x.iloc[[3, 4]].values).all()
 
 
 def test_papermill_table1_with_another_k(repo, tmp_path):
@@ -182,8 +186,10 @@ def test_papermill_table1_with_another_k(repo, tmp_path):
          "-p", "K", "4", "-p", "results_path", str(out), "-p", "out_dir", str(tmp_path / "fig"),
          "-p", "metrics_path", str(tmp_path / "m.json")], repo)
     methods = json.loads(out.read_text())["tasks"]["arithmetic"]["methods"]
-    assert list(methods) == ["Base", "Control (fresh anchor)", "TADM K=4"]
-    assert methods["TADM K=4"]["refresh_every"] == 4
+    # the training-free caches follow K: they run at TADM's budget
+    assert list(methods) == ["Base", "Control (fresh anchor)", "TADM K=4", "Naive reuse K=4", "Feature cache K=4"]
+    assert methods["TADM K=4"]["refresh_every"] == methods["Feature cache K=4"]["refresh_every"] == 4
+    assert (tmp_path / "fig" / "table1_frontier.png").stat().st_size > 0
 
 
 def test_asrd_table_has_every_method_on_every_task_and_model_with_numbers(repo, tmp_path):

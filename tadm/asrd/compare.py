@@ -129,8 +129,7 @@ class DiffusionGemmaRunner(Batches):
         self.dist = dist or runtime.setup(p.runtime)
         # Table 1's loading (base, split, trained fusion, tokenizer) and its prompt encoding /
         # completion decoding
-        methods, tok = table1.build_methods(p, root, self.dist)
-        self.tadm = methods[0].tadm
+        _, self.tadm, _, tok = table1.load_models(p, root, self.dist, control=False)
         self.io = table1.Runner(p, tok, [], self.dist)
         self.canvas, self.batch = p.posttrain.canvas_length, p.asrd.batch_size
 

@@ -296,7 +296,10 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
 def feature_model(base, p, refresh_every: int = 1, share: float | None = None,
                   similarity_dtype: torch.dtype = torch.float32) -> FeatureCacheDiffusionGemma:
     """The base split as TADM's (posttrain.shared_layers / anchor_layers / denoiser_layers; the split
-    fixes the matched share) run with the feature cache."""
+    fixes the matched share) run with the feature cache; `share` None: posttrain.feature_cache_share,
+    whose 0 is the matched share."""
     pt = p.posttrain
     split = SplitDiffusionGemma(base, pt.shared_layers, pt.anchor_layers, pt.denoiser_layers)
+    if share is None:
+        share = pt.feature_cache_share or None
     return FeatureCacheDiffusionGemma(split, refresh_every, share, similarity_dtype)

@@ -78,6 +78,12 @@ class PosttrainConfig:
     # table1.PAPER_LENGTHS, 1,024 to 4,096 tokens); the paper dry run shrinks it with the rest
     max_new_tokens: int = spec(0, ge=0)
     eval_batch_size: int = spec(8, ge=1)
+    # the training-free caches run beside TADM on the same base (tadm.caches), each at every K >= 2
+    # of refresh_every (TADM's layer-call budgets); [] leaves them out
+    cache_methods: list[Literal["naive", "feature"]] = spec(["naive", "feature"])
+    # the feature cache's recomputed share of the canvas rows; 0: the share that matches TADM's layer
+    # calls at the same K, (s + d - 1) / (L - 1) (tadm.caches.matched_share)
+    feature_cache_share: float = spec(0.0, ge=0.0, le=1.0)
     seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
     # seed of the post-train runs (the base's and the fusion's training: initialisation, data
     # order, per-step draws); the paper's is 42 (App. C.1). The SFT data keep the global seed.

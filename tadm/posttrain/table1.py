@@ -1,4 +1,5 @@
-"""Table 1: the frozen DiffusionGemma against TADM:Post-train at K = 1, 2, 3, and a control.
+"""Table 1: the frozen DiffusionGemma against TADM:Post-train at K = 1, 2, 3, a control, and the
+training-free caches at TADM's layer-call budgets.
 
 The control ("Control (fresh anchor)", ``models/dg_fresh``) is trained by the same trainer on
 the same data, steps and seed with the same objective (CE + KD) and fusion size, but its anchor
@@ -8,7 +9,10 @@ base mixes that fine-tuning with the effect of reuse; its delta vs the control i
 
 For every task of ``posttrain.tasks`` and every seed of ``posttrain.seeds``, each method
 generates with DiffusionGemma's entropy-bound sampler (``generate`` of transformers for the
-base; the same loop with the anchor refreshed every K steps for TADM) and is scored:
+base; the same loop with the anchor refreshed every K steps for TADM) and is scored. The
+training-free caches of ``posttrain.cache_methods`` (`tadm.caches`: naive anchor reuse, the
+dLLM-Cache-style feature cache) run in the same loop at every K >= 2 of ``posttrain.refresh_every``,
+where their layer calls equal TADM's; their rows add a paired Δ vs the TADM row at the same K.
 
     accuracy (mean over seeds, in %; ± the sd over seeds), delta in points vs the base and vs
              the control (each ± its paired bootstrap se over the examples: every method
@@ -23,7 +27,8 @@ base; the same loop with the anchor refreshed every K steps for TADM) and is sco
                    the same batch (a paired comparison: the two ran within seconds of each
                    other), ± its bootstrap se (:func:`paired_speedup`),
     compute x    = decoder-layer calls over the base's (the paper's unit), counted by hooks on the
-                   decoder layers during the scored generations,
+                   decoder layers during the scored generations; a layer the feature cache runs on
+                   n of the canvas's N rows counts n / N (``layer_calls_weighted``),
     FLOP bound x = the base's FLOPs over the method's, counted with ``torch.utils.flop_counter``'s
                    formulas and the MoE experts' grouped matmuls (`FlopCount`) during a whole
                    ``generate`` call (encoder prefill, every decoder layer with its experts,
@@ -58,13 +63,14 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapp
 from tqdm import tqdm
 
 from tadm import runtime
+from tadm.caches import CACHE_METHODS, budget
 from tadm.config import Params
 from tadm.data import arithmetic, chat
 from tadm.errors import DataError
 from tadm.io import atomic_write_json
 from tadm.metrics.bootstrap import paired_speedup, row_accuracy_delta
 from tadm.posttrain import model as dgm
-from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma, sampling_kwargs
+from tadm.posttrain.anchored import sampling_kwargs
 from tadm.posttrain.data import arithmetic_eval_set, left_pad
 
 # max_new_tokens per task in the paper (Sec. 6); arithmetic: one canvas
@@ -207,27 +213,44 @@ CONTROL = "Control (fresh anchor)"  # Table 1's control row (models/dg_fresh, K 
 
 
 class Method:
-    """One row of Table 1: the base (refresh_every None), TADM with K, or the fresh-anchor
-    control (a TimeAnchoredDiffusionGemma whose fusion acts on the fresh anchor, K = 1)."""
+    """One row of Table 1: a `model` that generates on the frozen `base` (None: the base's own
+    ``generate``) with the refresh interval `k` (None for the base), of a `family`: "base",
+    "control" (a TimeAnchoredDiffusionGemma whose fusion acts on the fresh anchor, K = 1),
+    "tadm", or a training-free cache of `tadm.caches.CACHE_METHODS` ("naive", "feature").
+    `split` is the decoder's (s, a, d), which sets the closed-form layer calls."""
 
-    def __init__(self, label: str, base, tadm: TimeAnchoredDiffusionGemma, refresh_every: int | None):
-        self.label, self.base, self.tadm, self.k = label, base, tadm, refresh_every
+    def __init__(self, label: str, base, model, refresh_every: int | None, family: str = "tadm",
+                 split: tuple[int, int, int] | None = None):
+        self.label, self.base, self.model, self.k, self.family = label, base, model, refresh_every, family
+        self.split = tuple(split or model.split.split)
 
     @property
     def decoder_owner(self):
         """The object whose ``forward`` generate calls once per denoising step."""
-        return self.base if self.k is None else self.tadm
+        return self.base if self.model is None else self.model
+
+    @property
+    def partial_layer_calls(self) -> float:
+        """Partly recomputed layers so far, each weighted by its share of the canvas rows (the
+        feature cache's; 0 for the methods whose every layer call is whole)."""
+        return float(getattr(self.model, "partial_layer_calls", 0.0))
 
     def generate(self, ids, mask, **kw):
-        if self.k is None:
+        if self.model is None:
             return self.base.generate(ids, attention_mask=mask, **kw)
-        return self.tadm.generate(ids, attention_mask=mask, refresh_every=self.k, **kw)
+        return self.model.generate(ids, attention_mask=mask, refresh_every=self.k, **kw)
 
-    def layer_calls_per_step(self, steps: int) -> float:
-        s, a, d = self.tadm.split.split
+    def layer_calls_per_step(self, steps: int, rows: int | None = None) -> float:
+        """The closed form of the (weighted) layer calls per denoising step at `steps` steps a
+        canvas of `rows` positions (`tadm.caches.budget`): L for the base, (s + d) + a R / T for
+        TADM and the naive reuse, T + (L - 1) [R + (T - R) n_sel / N] over T for the feature cache."""
+        depth = sum(self.split)
         if self.k is None:
-            return float(s + a + d)
-        return (s + d) + a * (-(-steps // self.k)) / steps
+            return float(depth)
+        if self.family == "feature":
+            n = rows or 1
+            return budget.feature_layer_calls(steps, self.k, depth, budget.selected_rows(self.model.share, n), n) / steps
+        return budget.tadm_layer_calls(steps, self.k, self.split) / steps
 
 
 class Runner:
@@ -276,7 +299,7 @@ class Runner:
             seconds = time.perf_counter() - t0
         return self.decode(seqs, ids.shape[1]), seconds, probe.seconds
 
-    def run_seed(self, task: Task, seed: int) -> dict[str, tuple[float, list[str], list[bool], int,
+    def run_seed(self, task: Task, seed: int) -> dict[str, tuple[float, list[str], list[bool], int, float,
                                                               list[tuple[int, float, float]]]]:
         """Every method on every prompt batch of `task` with `seed`, the methods taking turns on
         each batch: the same prompts are timed for every method within seconds of each other,
@@ -284,31 +307,35 @@ class Runner:
         (:func:`paired_speedup`). Per method label: accuracy in %, the completions, each
         example's correctness (in example order), the decoder-layer calls the generations made
         (every process's batches: generated, scored and counted where they ran, then gathered),
-        and this process's timed batches (prompts, seconds of ``generate``, seconds in its
+        the same calls weighted (a partly recomputed layer counts its share of the rows: the
+        feature cache's), and this process's timed batches (prompts, seconds of ``generate``, seconds in its
         decoder calls), in batch order."""
         bs, starts, d = self.p.posttrain.eval_batch_size, self.batch_starts(len(task.prompts)), self.dist
         mine = {m.label: [] for m in self.methods}
         timed = {m.label: [] for m in self.methods}
-        calls = dict.fromkeys(mine, 0)
+        calls, weighted = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0.0)
         for j in runtime.shard(len(starts), d):
             lo = starts[j]
             prompts = task.prompts[lo: lo + bs]
             for m in self.methods:
                 counter = DecoderLayerCalls(m.base)  # this method's calls only
+                partial = m.partial_layer_calls
                 try:
                     texts, seconds, decoder_seconds = self.generate_batch(m, prompts, task.max_new_tokens, seed, lo)
                 finally:
                     counter.close()
                 calls[m.label] += counter.calls
+                weighted[m.label] += counter.calls + m.partial_layer_calls - partial
                 mine[m.label].append((texts, [bool(task.score(lo + k, t)) for k, t in enumerate(texts)]))
                 timed[m.label].append((len(prompts), seconds, decoder_seconds))
         out = {}
         for m in self.methods:  # the same collectives, in the same order, on every process
             batches = runtime.gather(mine[m.label], len(starts), d)
-            n_calls = sum(runtime.gather([calls[m.label]], d.world, d))
+            counts = runtime.gather([(calls[m.label], weighted[m.label])], d.world, d)
             texts = [t for ts, _ in batches for t in ts]
             correct = [c for _, cs in batches for c in cs]
-            out[m.label] = (100.0 * sum(correct) / len(correct), texts, correct, n_calls, timed[m.label])
+            out[m.label] = (100.0 * sum(correct) / len(correct), texts, correct, sum(c for c, _ in counts),
+                            sum(w for _, w in counts), timed[m.label])
         return out
 
     @torch.no_grad()
@@ -362,27 +389,43 @@ def throughput(timed: list[tuple[int, float, float]], tokens_per_prompt: int) ->
             "tokens_per_s": size * tokens_per_prompt / statistics.median(seconds)}
 
 
-def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None,
-                  control: bool = True) -> tuple[list[Method], object]:
-    """The base, the fresh-anchor control (`control`; its fusion from models/dg_fresh) and TADM
-    at every K of posttrain.refresh_every (trained fusion loaded), on the device of `dist`
-    (None: `runtime.setup(p.runtime)`)."""
+def load_models(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None, control: bool = True):
+    """The frozen base, TADM with its trained fusion (models/dg_tadm), the fresh-anchor control
+    (models/dg_fresh; None unless `control`) and the tokenizer, on the device of `dist` (None:
+    `runtime.setup(p.runtime)`)."""
     from tadm.data.tokenizer import load_tokenizer
 
     d = dist or runtime.setup(p.runtime)
     source = dgm.base_source(p, root)
     base = dgm.load_base(source, p.posttrain.precision, d.device)
-    tadm = dgm.build_tadm(base, p)
-    dgm.load_fusion(tadm, root / dgm.TADM_DIR)
-    tadm.fusion.to(dtype=base.dtype).eval()
-    methods = [Method("Base", base, tadm, None)]
-    if control:
-        fresh = dgm.build_tadm(base, p, fresh=True)
-        dgm.load_fusion(fresh, root / dgm.FRESH_DIR)
-        fresh.fusion.to(dtype=base.dtype).eval()
-        methods.append(Method(CONTROL, base, fresh, 1))
-    methods += [Method(f"TADM K={k}", base, tadm, k) for k in p.posttrain.refresh_every]
-    return methods, load_tokenizer(source)
+
+    def trained(directory: str, fresh: bool = False):
+        model = dgm.build_tadm(base, p, fresh=fresh)
+        dgm.load_fusion(model, root / directory)
+        model.fusion.to(dtype=base.dtype).eval()
+        return model
+
+    fresh = trained(dgm.FRESH_DIR, fresh=True) if control else None
+    return base, trained(dgm.TADM_DIR), fresh, load_tokenizer(source)
+
+
+def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None,
+                  control: bool = True) -> tuple[list[Method], object]:
+    """Table 1's rows, in order: the base, the fresh-anchor control (`control`), TADM at every K
+    of posttrain.refresh_every, then each training-free cache of posttrain.cache_methods at every
+    K >= 2 of it (at K = 1 each is the base), all on the one loaded base (:func:`load_models`)."""
+    pt = p.posttrain
+    base, tadm, fresh, tok = load_models(p, root, dist, control)
+    split = tuple(tadm.split.split)
+    methods = [Method("Base", base, None, None, "base", split)]
+    if fresh is not None:
+        methods.append(Method(CONTROL, base, fresh, 1, "control"))
+    methods += [Method(f"TADM K={k}", base, tadm, k, "tadm") for k in pt.refresh_every]
+    for name in pt.cache_methods:
+        cache = CACHE_METHODS[name]
+        model = cache.build(base, p)  # one model per method: K is an argument of its generate
+        methods += [Method(f"{cache.label} K={k}", base, model, k, name) for k in pt.refresh_every if k >= 2]
+    return methods, tok
 
 
 def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:
@@ -414,22 +457,25 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
     methods, tok = build_methods(p, root, d, control)
     runner = Runner(p, tok, methods, d)
     pt = p.posttrain
-    results = {"steps": pt.sample_steps, "split": list(methods[0].tadm.split.split),
-               "fusion_parameters": methods[0].tadm.fusion.num_parameters, "tasks": {}}
+    tadm = next(m.model for m in methods if m.family == "tadm")
+    results = {"steps": pt.sample_steps, "split": list(tadm.split.split),
+               "fusion_parameters": tadm.fusion.num_parameters, "tasks": {}}
     for name in pt.tasks:
         task = load_task(name, p, sft_dir, unsafe_host_execution)
         if not task.prompts:
             raise DataError(f"task {name}: no evaluation examples")
         flops = runner.flops(task)  # also the warm-up of every method
-        runs = {m.label: {"accs": [], "correct": [], "examples": None, "calls": 0, "timed": []} for m in methods}
+        runs = {m.label: {"accs": [], "correct": [], "examples": None, "calls": 0, "weighted": 0.0, "timed": []}
+                for m in methods}
         bar = tqdm(total=len(methods) * len(pt.seeds), desc=f"table1[{name}]", unit="run", disable=not d.main)
         for seed in pt.seeds:  # methods interleaved batch by batch (Runner.run_seed)
-            for label, (acc, texts, correct, n, timed) in runner.run_seed(task, seed).items():
+            for label, (acc, texts, correct, n, weighted, timed) in runner.run_seed(task, seed).items():
                 r = runs[label]
                 r["accs"].append(acc)
                 r["correct"].append([int(c) for c in correct])
                 r["examples"] = r["examples"] or texts[:5]
                 r["calls"] += n
+                r["weighted"] += weighted
                 r["timed"] += timed
                 bar.update()
         bar.close()
@@ -443,8 +489,9 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
             rows[m.label] = {"accuracy": statistics.mean(r["accs"]), "accuracy_seeds": r["accs"],
                              "correct_seeds": r["correct"],
                              "accuracy_sd": statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0,
-                             "refresh_every": m.k, "control": m.label == CONTROL, "layer_calls": r["calls"],
-                             "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps),
+                             "refresh_every": m.k, "family": m.family, "control": m.family == "control",
+                             "layer_calls": r["calls"], "layer_calls_weighted": r["weighted"],
+                             "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps, pt.canvas_length),
                              "examples": r["examples"], **flops[m.label],
                              **throughput(r["timed"], runner.tokens_per_prompt(task))}
         add_speedups(rows, methods[0].label)
@@ -459,26 +506,46 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
 # ----------------------------------------------------------------------------- the table
 
 
+MATCHED = 0.01  # a cache row is at TADM's budget when their compute columns differ by at most this
+
+
+def _require(m: dict, keys: tuple[str, ...], source: str = "results/table1.json") -> None:
+    missing = [k for k in keys if k not in m]
+    if missing:
+        raise DataError(f"{source}: a method has no {', '.join(missing)} (written by an older tadm): rerun dvc repro table1")
+
+
 def frame(results: dict):
-    """Table 1 as a pandas frame: one line per (task, method)."""
+    """Table 1 as a pandas frame: one line per (task, method). A training-free cache's row also
+    gets its paired Δ vs the TADM row at the same K and whether its compute matches TADM's."""
     import pandas as pd
 
     lines = []
     for task, r in results["tasks"].items():
         base = r["methods"]["Base"]
         control = r["methods"].get(CONTROL)
+        for m in r["methods"].values():
+            _require(m, ("family", "layer_calls_weighted"))
+        tadm = {m["refresh_every"]: m for m in r["methods"].values() if m["family"] == "tadm"}
         for label, m in r["methods"].items():
             speedup, speedup_se, dec_speedup = m["throughput_x"], m["throughput_se"], m["decoder_speedup_x"]
             bound = base["flops"] / m["flops"]
             dec_bound = base["decoder_flops"] / m["decoder_flops"]
             delta, delta_se = row_accuracy_delta(m, base)
             delta_ctl, delta_ctl_se = row_accuracy_delta(m, control)
-            lines.append({"task": task, "method": label, "accuracy": m["accuracy"], "sd": m["accuracy_sd"],
+            compute = m["layer_calls_weighted"] / base["layer_calls_weighted"]
+            ref = tadm.get(m["refresh_every"]) if m["family"] in CACHE_METHODS else None
+            delta_tadm, delta_tadm_se = row_accuracy_delta(m, ref)
+            matched = (None if ref is None
+                       else abs(compute - ref["layer_calls_weighted"] / base["layer_calls_weighted"]) <= MATCHED)
+            lines.append({"task": task, "method": label, "family": m["family"], "refresh_every": m["refresh_every"],
+                          "accuracy": m["accuracy"], "sd": m["accuracy_sd"],
                           "delta_pts": delta, "delta_se": delta_se,
                           "delta_control_pts": delta_ctl, "delta_control_se": delta_ctl_se,
+                          "delta_tadm_pts": delta_tadm, "delta_tadm_se": delta_tadm_se, "matched": matched,
                           "tokens_per_s": m["tokens_per_s"],
                           "throughput_x": speedup, "throughput_se": speedup_se,
-                          "compute_x": m["layer_calls"] / base["layer_calls"],
+                          "layer_calls": m["layer_calls"], "compute_x": compute,
                           "flop_bound_x": bound, "measured_over_bound": speedup / bound,
                           "decoder_share": statistics.median(m["decoder_seconds"]) / statistics.median(m["seconds"]),
                           "decoder_speedup_x": dec_speedup, "decoder_bound_x": dec_bound,
@@ -496,22 +563,42 @@ def _pm(v: float, se: float) -> str:
     return "–" if v != v else f"{v:+.1f}" if se != se else f"{v:+.1f} ± {se:.1f}"
 
 
+def _vs_tadm(r) -> str:
+    """The Δ vs TADM cell: a cache row's paired Δ, marked where its compute is not TADM's."""
+    cell = _pm(r.delta_tadm_pts, r.delta_tadm_se)
+    return cell if r.matched is None or r.matched != r.matched or r.matched else f"{cell} (unmatched)"
+
+
 def to_markdown(df) -> str:
-    head = ("| Task | Method | Accuracy (%) | Δ vs base (pts) | Δ vs control (pts) | Tokens/s | Throughput | Compute "
-            "| FLOP bound | measured/bound | decoder share of time | decoder speed-up | decoder FLOP bound | measured/bound |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| Task | Method | Accuracy (%) | Δ vs base (pts) | Δ vs control (pts) | Δ vs TADM, same K (pts) | Tokens/s "
+            "| Throughput | Compute | FLOP bound | measured/bound | decoder share of time | decoder speed-up "
+            "| decoder FLOP bound | measured/bound |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
         f"| {r.task} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {_pm(r.delta_pts, r.delta_se)} | "
-        f"{_pm(r.delta_control_pts, r.delta_control_se)} | {r.tokens_per_s:,.0f} | "
+        f"{_pm(r.delta_control_pts, r.delta_control_se)} | {_vs_tadm(r)} | {r.tokens_per_s:,.0f} | "
         f"{speed_cell(r.throughput_x, r.throughput_se)} | {r.compute_x:.2f}x | {r.flop_bound_x:.2f}x | {r.measured_over_bound:.2f} | "
         f"{r.decoder_share:.0%} | {r.decoder_speedup_x:.2f}x | {r.decoder_bound_x:.2f}x | {r.decoder_measured_over_bound:.2f} |\n"
         for r in df.itertuples())
-    note = ("\nΔ: accuracy minus the base's / the control's, ± its paired bootstrap se over the examples (each example's "
-            "difference averaged over the seeds; both rows answer the same examples with the same seeds). "
+    note = ("\nΔ: accuracy minus the base's / the control's / the TADM row's at the same K, ± its paired bootstrap se "
+            "over the examples (each example's difference averaged over the seeds; both rows answer the same examples "
+            "with the same seeds). "
             "Control: the same fusion recipe (data, steps, seed, CE + KD) trained and evaluated with the anchor "
             "recomputed at every step; Δ vs control isolates anchor reuse from the fine-tuning of the CE term. "
             "Throughput and decoder speed-up: the median over prompt batches of the base's time / the method's on the "
-            "same batch (the methods take turns on every batch), ± its bootstrap se.\n")
+            "same batch (the methods take turns on every batch), ± its bootstrap se. "
+            "Compute: decoder-layer calls over the base's, a partly recomputed layer counted at its share of the "
+            f"canvas rows; a cache row is at TADM's budget when the two differ by at most {MATCHED:g} (else \"unmatched\").\n"
+            "\nTraining-free caches (`tadm.caches`), on the same frozen base and sampler: *Naive reuse* is TADM's split "
+            "with the fusion bypassed (h = H0); since the denoiser reads only h, a reuse step returns its refresh step's "
+            "logits, so the row reuses the model's output K - 1 times. *Feature cache* is dLLM-Cache's V-verify cache: "
+            "every K steps all layers are recomputed; in between, layer 0 runs whole and every deeper layer recomputes "
+            "only the canvas rows whose V moved most, at the share that makes TADM's layer calls "
+            "((s + d - 1) / (L - 1)), reusing its cached attention and FFN outputs elsewhere. Fast-dLLM's prefix KV "
+            "cache is built into every row: DiffusionGemma's causal encoder writes the K/V of the prompt and of "
+            "finished canvases once per canvas and the denoising steps only read them (exact here, as the base is "
+            "block-causal), so *TADM + prefix cache* is the TADM row, and Fast-dLLM's dual cache has no suffix to act "
+            "on.\n")
     return head + body + note
 
 
@@ -522,6 +609,8 @@ def metrics_dict(df) -> dict:
         deltas = {f"{key}_delta_pts": round(r.delta_pts, 3)}
         if r.delta_control_pts == r.delta_control_pts:  # NaN without a control row
             deltas[f"{key}_delta_control_pts"] = round(r.delta_control_pts, 3)
+        if r.delta_tadm_pts == r.delta_tadm_pts:  # a training-free cache's row
+            deltas[f"{key}_delta_tadm_pts"] = round(r.delta_tadm_pts, 3)
         out.update({f"{key}_accuracy": round(r.accuracy, 3), **deltas, f"{key}_throughput_x": round(r.throughput_x, 4),
                     f"{key}_compute_x": round(r.compute_x, 4), f"{key}_measured_over_bound": round(r.measured_over_bound, 4),
                     f"{key}_decoder_measured_over_bound": round(r.decoder_measured_over_bound, 4)})

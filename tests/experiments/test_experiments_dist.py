@@ -64,10 +64,13 @@ def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path)
         assert json.loads((tmp_path / f"table1_{nproc}.json").read_text()) == results[nproc]
     one, two = results[1]["tasks"]["arithmetic"], results[2]["tasks"]["arithmetic"]
     assert one["n"] == two["n"] == 8  # three prompt batches of 3, 3, 2
-    assert list(one["methods"]) == list(two["methods"]) == ["Base", table1.CONTROL, "TADM K=1", "TADM K=2", "TADM K=3"]
+    assert list(one["methods"]) == list(two["methods"]) == [
+        "Base", table1.CONTROL, "TADM K=1", "TADM K=2", "TADM K=3",
+        "Naive reuse K=2", "Naive reuse K=3", "Feature cache K=2", "Feature cache K=3"]
     for label in one["methods"]:
         _same(one["methods"][label], two["methods"][label],
-              ("accuracy_seeds", "correct_seeds", "layer_calls", "examples", "flops", "decoder_flops", "layer_calls_per_step"))
+              ("accuracy_seeds", "correct_seeds", "layer_calls", "layer_calls_weighted", "examples", "flops",
+               "decoder_flops", "layer_calls_per_step"))
     for r in (one, two):  # the speed-ups pair each method's batch times with the base's, in one order
         base = r["methods"]["Base"]
         assert base["throughput_x"] == 1.0 and base["decoder_speedup_x"] == 1.0

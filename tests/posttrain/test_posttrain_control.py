@@ -83,12 +83,13 @@ def test_a_control_fusion_is_not_loaded_as_tadms(tmp_path, tiny_base):
     dgm.load_fusion(dgm.build_tadm(tiny_base, p, fresh=True), tmp_path)
 
 
-def _row(accs, tps=100.0, calls=300, control=False, k=None):
+def _row(accs, tps=100.0, calls=300, control=False, k=None, family=None, weighted=None):
     """Per seed, the first `acc` of 100 examples right."""
     seconds = [100.0 / tps * s for s in (1.0, 1.2, 0.9)]  # three full batches, timed as the base's x 100 / tps
     correct = [[int(i < a) for i in range(100)] for a in accs]
+    family = family or ("control" if control else "base" if k is None else "tadm")
     return {"accuracy": sum(accs) / len(accs), "accuracy_seeds": accs, "accuracy_sd": 1.0, "refresh_every": k,
-            "correct_seeds": correct,
+            "correct_seeds": correct, "family": family, "layer_calls_weighted": float(calls if weighted is None else weighted),
             "control": control, "layer_calls": calls, "tokens_per_s": tps, "seconds": seconds,
             "decoder_seconds": [0.9 * s for s in seconds], "flops": 10.0 * calls, "decoder_flops": 9.0 * calls}
 
@@ -198,6 +199,8 @@ def test_each_prompt_batch_is_generated_by_every_method_in_turn(tiny_base, monke
     order = []
 
     class Fake:
+        partial_layer_calls = 0.0
+
         def __init__(self, label, layers):
             self.label, self.base, self.layers = label, tiny_base, layers
 
@@ -217,4 +220,54 @@ def test_each_prompt_batch_is_generated_by_every_method_in_turn(tiny_base, monke
     assert out["Base"][0] == 100.0 and out["TADM K=2"][0] == 0.0
     assert out["Base"][2] == [True] * 5 and out["TADM K=2"][2] == [False] * 5  # per example, in order
     assert (out["Base"][3], out["TADM K=2"][3]) == (9, 6)  # three batches each, its own calls only
-    assert [n for n, _, _ in out["TADM K=2"][4]] == [2, 2, 1]
+    assert (out["Base"][4], out["TADM K=2"][4]) == (9.0, 6.0)  # no partial layers: weighted = counted
+    assert [n for n, _, _ in out["TADM K=2"][5]] == [2, 2, 1]
+
+
+def test_a_cache_row_is_compared_with_tadm_at_the_same_k_and_marked_when_unmatched():
+    r = results()
+    methods = r["tasks"]["arithmetic"]["methods"]
+    methods["Naive reuse K=2"] = _row([24.0, 26.0, 28.0], 150.0, 200, k=2, family="naive")  # TADM's calls
+    methods["Feature cache K=2"] = _row([28.0, 30.0, 32.0], 140.0, 100, k=2, family="feature", weighted=190.0)
+    table1.add_speedups(methods, "Base")
+    df = table1.frame(r).set_index("method")
+    naive, feature = df.loc["Naive reuse K=2"], df.loc["Feature cache K=2"]
+    assert naive.delta_tadm_pts == pytest.approx(-5.0) and feature.delta_tadm_pts == pytest.approx(-1.0)
+    assert naive.delta_tadm_se == pytest.approx(_paired_se(methods["Naive reuse K=2"], methods["TADM K=2"]), rel=0.15)
+    assert feature.compute_x == pytest.approx(190 / 300)  # the weighted calls, not the hooks' 100
+    assert naive.matched is True and feature.matched is False  # 0.633 vs TADM's 0.667
+    assert df.delta_tadm_pts[["Base", table1.CONTROL, "TADM K=1", "TADM K=2"]].isna().all()
+    md = table1.to_markdown(df.reset_index())
+    assert "| -5.0 ± " in md and "(unmatched)" in md and md.count("(unmatched)") == 1
+    metrics = table1.metrics_dict(df.reset_index())
+    assert metrics["arithmetic_NaivereuseK2_delta_tadm_pts"] == -5.0 and "arithmetic_TADMK2_delta_tadm_pts" not in metrics
+    del methods["Feature cache K=2"]["layer_calls_weighted"]
+    with pytest.raises(DataError, match="layer_calls_weighted"):
+        table1.frame(r)
+
+
+def test_the_training_free_claim_pits_tadm_against_the_best_cache_within_its_layer_calls(tmp_path):
+    from tadm import config
+    from tadm.experiments import claims as C
+
+    p = config.load(config.PROFILES_DIR / "default.yaml")
+    (tmp_path / "results").mkdir()
+
+    def claim(rows: dict):
+        r = results()
+        r["tasks"]["arithmetic"]["methods"].update(rows)
+        table1.add_speedups(r["tasks"]["arithmetic"]["methods"], "Base")
+        (tmp_path / "results" / "table1.json").write_text(json.dumps(r | {"split": [1, 10, 4]}))
+        return {c.id: c for c in C.claims(C.read_inputs(p, tmp_path))}["fusion_vs_training_free"]
+
+    assert claim({}).verdict == C.NOT_TESTABLE  # no cache rows
+    naive = _row([10.0, 12.0, 14.0], 150.0, 200, k=2, family="naive")  # TADM K=2: 29-33 %, the same calls
+    feature = _row([28.0, 31.0, 33.0], 140.0, 100, k=2, family="feature", weighted=199.0)
+    got = claim({"Naive reuse K=2": naive, "Feature cache K=2": feature})
+    assert got.value == pytest.approx(31.0 - 30.667, abs=0.01) and got.verdict == C.INCONCLUSIVE  # the best one
+    assert "vs Feature cache K=2" in got.shown and "its layer calls 0.995x TADM's" in got.notes
+    over = _row([28.0, 31.0, 33.0], 140.0, 100, k=2, family="feature", weighted=260.0)  # 0.2x more than TADM
+    got = claim({"Naive reuse K=2": naive, "Feature cache K=2": over})
+    assert "vs Naive reuse K=2" in got.shown and got.value == pytest.approx(19.0) and got.verdict == C.REPRODUCED
+    got = claim({"Naive reuse K=2": _row([60.0, 62.0, 64.0], 150.0, 200, k=2, family="naive")})  # 31 above TADM
+    assert got.verdict == C.CONTRADICTED and got.value == pytest.approx(-31.0)

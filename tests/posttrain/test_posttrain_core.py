@@ -159,10 +159,15 @@ def test_paper_compute_ratios_at_2_20_8():
 
     class Stub:
         split = Split()
+        share = 9 / 29  # the feature cache's matched share at 2/20/8
 
-    base = Method("Base", None, Stub(), None).layer_calls_per_step(48)
+    base = Method("Base", None, None, None, "base", (2, 20, 8)).layer_calls_per_step(48)
     ratios = [Method("k", None, Stub(), k).layer_calls_per_step(48) / base for k in (1, 2, 3)]
     assert [round(r, 2) for r in ratios] == [1.00, 0.67, 0.56]
+    # the feature cache at the matched share, 256-row canvases: floor(256 * 9/29) = 79 rows
+    feature = [Method("f", None, Stub(), k, "feature").layer_calls_per_step(48, 256) / base for k in (2, 3)]
+    assert feature == pytest.approx([(48 + 29 * (24 + 24 * 79 / 256)) / 48 / 30, (48 + 29 * (16 + 32 * 79 / 256)) / 48 / 30])
+    assert [round(r, 2) for r in feature] == [0.67, 0.55]
 
 
 def test_refresh_every_is_validated(tiny_base):

@@ -1,0 +1,49 @@
+"""Table 1's training-free cache rows end to end on the tiny workspace: which rows run, and
+that the counted (weighted) layer calls are the closed forms of `tadm.caches.budget`."""
+
+from __future__ import annotations
+
+import pytest
+
+from tadm import config
+from tests.experiments.conftest import posttrain_raw
+
+
+def test_cache_rows_run_at_every_k_of_two_or_more_with_their_closed_form_layer_calls(posttrain_workspace, tmp_path):
+    from tadm.posttrain import table1
+
+    p = config.from_dict(posttrain_raw())
+    pt = p.posttrain
+    results = table1.run(p, root=posttrain_workspace, sft_dir=posttrain_workspace / "data" / "sft",
+                         out=tmp_path / "table1.json", log=lambda *_: None)
+    r = results["tasks"]["arithmetic"]
+    rows = r["methods"]
+    assert [k for k in rows if not k.startswith(("Base", "Control", "TADM"))] == [
+        "Naive reuse K=2", "Naive reuse K=3", "Feature cache K=2", "Feature cache K=3"]  # K = 1 is the base
+    batches = -(-r["n"] // pt.eval_batch_size)  # a layer call runs a whole prompt batch's canvases
+    generated = pt.sample_steps * batches * len(pt.seeds)  # steps of one canvas per arithmetic batch
+    for label, m in rows.items():
+        assert m["layer_calls_weighted"] == pytest.approx(m["layer_calls_per_step"] * generated), label
+    for k in (2, 3):
+        naive, feature, tadm = rows[f"Naive reuse K={k}"], rows[f"Feature cache K={k}"], rows[f"TADM K={k}"]
+        assert naive["layer_calls"] == tadm["layer_calls"] == naive["layer_calls_weighted"]
+        # layer 0 of each reuse step is whole; the partial layers add their share of the rows
+        assert feature["layer_calls"] < feature["layer_calls_weighted"] < tadm["layer_calls"]
+    df = table1.frame(results).set_index("method")
+    # 1 / 2 / 1 layers, 8-row canvases: the matched share 1/3 floors to 2 of 8 rows, 0.03 below TADM
+    assert not df.loc["Feature cache K=2"].matched and df.loc["Naive reuse K=3"].matched
+    assert df.loc["Feature cache K=3"].delta_tadm_pts == df.loc["Feature cache K=3"].delta_tadm_pts  # not NaN
+    assert df.loc["TADM K=2"].delta_tadm_pts != df.loc["TADM K=2"].delta_tadm_pts  # NaN
+
+
+def test_no_cache_rows_when_none_are_asked_for(posttrain_workspace, tmp_path):
+    from tadm.posttrain import table1
+
+    p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": [], "posttrain.refresh_every": [2]}))
+    methods, _ = table1.build_methods(p, posttrain_workspace, control=False)
+    assert [m.label for m in methods] == ["Base", "TADM K=2"]
+    p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": ["feature"], "posttrain.refresh_every": [1, 4],
+                                          "posttrain.feature_cache_share": 0.5}))
+    methods, _ = table1.build_methods(p, posttrain_workspace, control=False)
+    assert [m.label for m in methods] == ["Base", "TADM K=1", "TADM K=4", "Feature cache K=4"]
+    assert methods[-1].model.share == 0.5 and methods[-1].base is methods[0].base  # one base for every row

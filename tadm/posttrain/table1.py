@@ -507,6 +507,7 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
 
 
 MATCHED = 0.01  # a cache row is at TADM's budget when their compute columns differ by at most this
+FAMILIES = ("base", "control", "tadm", *CACHE_METHODS)  # the table's row order (results/table1.json sorts its keys)
 
 
 def _require(m: dict, keys: tuple[str, ...], source: str = "results/table1.json") -> None:
@@ -527,7 +528,8 @@ def frame(results: dict):
         for m in r["methods"].values():
             _require(m, ("family", "layer_calls_weighted"))
         tadm = {m["refresh_every"]: m for m in r["methods"].values() if m["family"] == "tadm"}
-        for label, m in r["methods"].items():
+        order = sorted(r["methods"].items(), key=lambda lm: (FAMILIES.index(lm[1]["family"]), lm[1]["refresh_every"] or 0))
+        for label, m in order:
             speedup, speedup_se, dec_speedup = m["throughput_x"], m["throughput_se"], m["decoder_speedup_x"]
             bound = base["flops"] / m["flops"]
             dec_bound = base["decoder_flops"] / m["decoder_flops"]

@@ -230,7 +230,8 @@ def test_a_cache_row_is_compared_with_tadm_at_the_same_k_and_marked_when_unmatch
     methods["Naive reuse K=2"] = _row([24.0, 26.0, 28.0], 150.0, 200, k=2, family="naive")  # TADM's calls
     methods["Feature cache K=2"] = _row([28.0, 30.0, 32.0], 140.0, 100, k=2, family="feature", weighted=190.0)
     table1.add_speedups(methods, "Base")
-    df = table1.frame(r).set_index("method")
+    df = table1.frame(json.loads(json.dumps(r, sort_keys=True))).set_index("method")  # as results/table1.json holds it
+    assert list(df.index) == ["Base", table1.CONTROL, "TADM K=1", "TADM K=2", "Naive reuse K=2", "Feature cache K=2"]
     naive, feature = df.loc["Naive reuse K=2"], df.loc["Feature cache K=2"]
     assert naive.delta_tadm_pts == pytest.approx(-5.0) and feature.delta_tadm_pts == pytest.approx(-1.0)
     assert naive.delta_tadm_se == pytest.approx(_paired_se(methods["Naive reuse K=2"], methods["TADM K=2"]), rel=0.15)

@@ -11,7 +11,9 @@ an implementation from that description. Its pieces, one module each:
 - `verify`     anchor-perturbed verification: perturbations orthogonal to a candidate's own
                embedding; candidates whose prediction flips are remasked;
 - `backends`   one decoding interface for the project's masked models (MDLM, TADM with its
-               anchor reused between refreshes) and the post-train DiffusionGemma;
+               anchor reused between refreshes), the post-train DiffusionGemma and LLaDA;
+- `caches`     training-free caches on LLaDA (Fast-dLLM's prefix / dual cache, dLLM-Cache,
+               naive reuse): the LLaDA group's cache rows;
 - `decode`     the loop with semi-autoregressive blocks, shared by ASRD and the baselines it
                is compared with (plain MDLM, ReMDM-loop, LLaDA's low-confidence remasking);
 - `tasks`, `train`, `compare`   the comparison of the `asrd` stage.

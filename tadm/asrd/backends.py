@@ -22,7 +22,12 @@ embeddings into next-state logits, and counts what that cost:
   token (126336 in the release), the whole network runs every pass, no anchor. The mask token is
   a row of LLaDA's vocabulary, so its logit is set to -inf (it is never chosen as a token). A
   left-padded batch sets its padding mask (`set_padding`) so that no position attends to a pad,
-  as the release's ``generate`` passes ``attention_mask``.
+  as the release's ``generate`` passes ``attention_mask``. Its training-free caches (Fast-dLLM's
+  prefix / dual cache, dLLM-Cache, naive reuse) are backends of `tadm.asrd.caches`.
+
+`decode` calls `begin_block(lo, hi)` before each semi-AR block (a no-op here). `layer_calls`
+counts layer calls; `layer_calls_weighted` weights each by the share of the canvas it computed
+(the same number for every backend here).
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class DecodeCounters:
     calls: int = 0  # model passes
     refreshes: int = 0  # anchor evaluations (time-anchored models)
     layer_calls: int = 0  # transformer-layer calls, the paper's compute unit
+    # each call weighted by the share of the canvas's rows it computed (`tadm.asrd.caches`);
+    # = layer_calls for every backend that runs whole layers
+    layer_calls_weighted: float = 0.0
 
 
 class Backend(abc.ABC):
@@ -63,8 +71,17 @@ class Backend(abc.ABC):
         """A new trajectory: the anchor is recomputed at its first pass."""
         self._age = None
 
+    def begin_block(self, lo: int, hi: int) -> None:
+        """`decode` calls this before the first step of each semi-AR block (canvas positions
+        lo..hi-1). Nothing here; a cache that refreshes per block (`tadm.asrd.caches`) uses it."""
+
     def _refresh_due(self) -> bool:
         return self._age is None or self._age + 1 >= self.refresh_every
+
+    def _count_layers(self, calls: int, weighted: float | None = None) -> None:
+        """Add `calls` layer calls, worth `weighted` whole-canvas layer calls (default: calls)."""
+        self.counters.layer_calls += calls
+        self.counters.layer_calls_weighted += calls if weighted is None else weighted
 
     def _advance(self, refreshed: bool) -> None:
         self.counters.calls += 1
@@ -152,7 +169,7 @@ class MaskedBackend(_MaskTokenBackend):
             out = m.head(m.denoiser_blocks(m.fusion(e, self._h), m.denoiser_cond()))
             layers = cfg.denoiser_layers + (cfg.anchor_layers if refreshed else 0)
         self._advance(refreshed)
-        self.counters.layer_calls += layers
+        self._count_layers(layers)
         return out[..., : self.vocab_size].float()
 
 
@@ -215,7 +232,7 @@ class DiffusionGemmaBackend(Backend):
             else:
                 h = self.fusion(c, self._c0, self._h0)
         self._advance(refreshed)
-        self.counters.layer_calls += s + d + (a if refreshed else 0)
+        self._count_layers(s + d + (a if refreshed else 0))
         return split.denoise(h, self._inputs)[..., : self.vocab_size].float()
 
 
@@ -246,5 +263,5 @@ class LladaBackend(_MaskTokenBackend):
         out = self.model(inputs_embeds=e, attention_mask=self._padding).float()
         out[..., self.mask_id] = float("-inf")
         self._advance(False)
-        self.counters.layer_calls += self.model.n_layers
+        self._count_layers(self.model.n_layers)
         return out

@@ -18,7 +18,10 @@ decoding loop's wall time (all seeds and batches; the methods interleaved batch 
 the speed-up is against low-confidence remasking measured in the same run: the median over
 batches of the paired time ratio, ± its bootstrap se; model calls and
 transformer-layer calls are per decoded batch (ASRD's checks ride on its generation passes:
-no verification call), checked / remasked candidates per sequence.
+no verification call), checked / remasked candidates per sequence. On LLaDA (paper profile) the
+group ends with training-free cache rows (`tadm.asrd.llada.cache_variants`), each read against
+its reference row: "Compute × own base" is weighted layer calls against that row's, "matched"
+only within 0.01 of TADM's share at the row's refresh interval K.
 
 Sweeps (`sweep_points`, `run_sweeps`): the anchor tokens cache's capacity
 (asrd.sweep_capacity), the window k (asrd.sweep_window) and the block size
@@ -47,7 +50,7 @@ from tadm import runtime
 from tadm.asrd import tasks as T
 from tadm.asrd.backends import Backend, DiffusionGemmaBackend, MaskedBackend
 from tadm.asrd.decode import DecodeSettings, decode
-from tadm.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Variant, _settings, variants  # noqa: F401 - compare.* as before
+from tadm.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Variant, _settings, backend_of, variants  # noqa: F401 - compare.* as before
 from tadm.asrd.train import MODEL_DIR, task_sets
 from tadm.config import Params
 from tadm.errors import DataError
@@ -184,7 +187,7 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
     bar = tqdm(total=sum(len(v) for _, _, v in plan) * len(a.seeds), desc="asrd", unit="run", disable=not d.main)
     for task_name, runner, vs in plan:
         task = sets[task_name]
-        backends = {v.label: runner.backend(v.refresh_every) for v in vs}
+        backends = {v.label: backend_of(runner, v) for v in vs}
         tallies = {v.label: Tally() for v in vs}
         for seed in a.seeds:  # methods interleaved batch by batch, so machine-speed drift hits them alike
             jobs = [(runner.decoder(backends[v.label], task, v.settings.replace(seed=seed)), tallies[v.label]) for v in vs]
@@ -192,6 +195,7 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
                 tallies[v.label].accuracies.append(acc)
             bar.update(len(vs))
         rows = {v.label: {**tallies[v.label].row(), "refresh_every": v.refresh_every, "base": v.base,
+                          "budget_x": getattr(backends[v.label], "budget_x", None),
                           "settings": dataclass_dict(v.settings)} for v in vs}
         results["groups"].append({"task": task_name, "model": runner.name, "n": len(task), "methods": rows})
         if d.main:
@@ -241,7 +245,10 @@ def frame(results: dict):
     method without ASRD's mechanisms (NaN where there is none). `speedup_x` (± `speedup_se`):
     against low-confidence remasking, the median over batches of its time / the method's on the
     same batch (`tadm.metrics.bootstrap.paired_speedup`; `run` decodes every batch with each
-    method in turn, so each batch is a paired comparison)."""
+    method in turn, so each batch is a paired comparison). `compute_x`: weighted layer calls
+    (`DecodeCounters.layer_calls_weighted`) against the own base's (NaN without one);
+    `matched`: within 0.01 of the row's budget `budget_x` (TADM's share at its K; the LLaDA
+    cache rows refreshed every K), never for a row without one."""
     import pandas as pd
 
     from tadm.metrics.bootstrap import paired_speedup
@@ -253,13 +260,28 @@ def frame(results: dict):
         for label, m in ms.items():
             own = ms[m["base"]]["accuracy"] if m.get("base") else float("nan")
             speedup, se = paired_speedup(base["batch_seconds"], m["batch_seconds"])
+            compute = _weighted(m) / _weighted(ms[m["base"]]) if m.get("base") else float("nan")
+            budget = float("nan") if m.get("budget_x") is None else m["budget_x"]
             lines.append({"task": g["task"], "model": g["model"], "method": label, "accuracy": m["accuracy"],
                           "sd": m["accuracy_sd"], "delta_pts": m["accuracy"] - base["accuracy"],
                           "base": m.get("base") or "", "delta_base_pts": m["accuracy"] - own,
                           "tokens_per_s": m["tokens_per_s"], "speedup_x": speedup, "speedup_se": se,
-                          "calls": m["calls_per_batch"], "layer_calls": m["layer_calls_per_batch"], "remasked": m["remasked_per_sequence"],
+                          "calls": m["calls_per_batch"], "layer_calls": m["layer_calls_per_batch"],
+                          "compute_x": compute, "budget_x": budget, "matched": abs(compute - budget) <= 0.01,
+                          "remasked": m["remasked_per_sequence"],
                           "checked": m.get("verified_per_sequence", 0.0)})
     return pd.DataFrame(lines)
+
+
+def _weighted(m: dict) -> float:
+    """Weighted layer calls per batch (results written before they were counted: the plain count)."""
+    return m.get("layer_calls_weighted_per_batch", m["layer_calls_per_batch"])
+
+
+def _compute(x: float, budget: float, matched: bool) -> str:
+    if x != x:
+        return "—"
+    return f"{x:.3f}" + ("" if budget != budget else f" (budget {budget:.3f}{', matched' if matched else ''})")
 
 
 def _pts(x: float) -> str:
@@ -270,11 +292,12 @@ def to_markdown(df) -> str:
     from tadm.posttrain.table1 import speed_cell
 
     head = ("| Task | Model | Method | Accuracy (%) | Δ vs LLaDA (pts) | Δ vs own base (pts) | Tokens/s | Speed-up "
-            "| Model calls / batch | Layer calls / batch | Checked / seq. | Remasked / seq. |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| Model calls / batch | Layer calls / batch | Compute × own base | Checked / seq. | Remasked / seq. |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
         f"| {r.task} | {r.model} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {r.delta_pts:+.1f} | {_pts(r.delta_base_pts)} | "
-        f"{r.tokens_per_s:,.0f} | {speed_cell(r.speedup_x, r.speedup_se)} | {r.calls:.1f} | {r.layer_calls:.0f} | {r.checked:.2f} | {r.remasked:.2f} |\n"
+        f"{r.tokens_per_s:,.0f} | {speed_cell(r.speedup_x, r.speedup_se)} | {r.calls:.1f} | {r.layer_calls:.0f} | "
+        f"{_compute(r.compute_x, r.budget_x, r.matched)} | {r.checked:.2f} | {r.remasked:.2f} |\n"
         for r in df.itertuples())
     return head + body
 

@@ -37,6 +37,9 @@ a uniform-state model; see `tadm.asrd.backends`). Methods:
   makes exactly the base method's passes and draws, step for step (tested): the cache is kept
   but read by nothing.
 
+Before a block's first step the backend hears `begin_block(lo, hi)` (canvas positions lo..hi-1),
+which a cache refreshed per block uses (`tadm.asrd.caches`); the others ignore it.
+
 The token chosen at a position is the argmax (temperature 0) or a draw from softmax(logits /
 temperature); its confidence is its probability under softmax(logits). Random draws of the
 base method (decoding sets, remasks, tokens, uniform noise) come from `generator`; ASRD's
@@ -319,6 +322,7 @@ def decode(backend: Backend, canvas: Tensor, region: Tensor, cfg: DecodeSettings
         for b, positions in enumerate(blocks):
             active = torch.zeros_like(run.region)
             active[:, positions] = True
+            backend.begin_block(int(positions[0]), int(positions[-1]) + 1)
             for j in range(per_block):
                 if cfg.method in ("plain", "remdm"):
                     committed, revoked = run.factored_step(active, j, per_block)

@@ -21,7 +21,8 @@ of the comparison runs on LLaDA unchanged:
 - a completion: the generated tokens up to the first EOS or end-of-turn token, decoded
   without special tokens, scored by the benchmark's scorer.
 
-`llada_plan` lists what the comparison runs on LLaDA: (task name, task, runner, variants).
+`llada_plan` lists what the comparison runs on LLaDA: (task name, task, runner, variants);
+the variants end with the training-free cache rows (`cache_variants`, `tadm.asrd.caches`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ import torch
 
 from tadm import runtime
 from tadm.asrd.backends import Backend, LladaBackend
+from tadm.asrd.caches import CacheSpec
 from tadm.asrd.decode import DecodeSettings, decode
-from tadm.asrd.runner import Batches, variants
+from tadm.asrd.runner import ASRD_BASE, BASELINE, Batches, Variant, variants
 from tadm.config import Params
 from tadm.errors import DataError
 
@@ -99,8 +101,9 @@ class LladaRunner(Batches):
         eot = tokenizer.convert_tokens_to_ids(END_OF_TURN) if END_OF_TURN in tokenizer.get_vocab() else None
         self.stops = {self.eos} | ({int(eot)} if eot is not None else set())
 
-    def backend(self, refresh_every: int) -> Backend:
-        return LladaBackend(self.model, refresh_every)
+    def backend(self, refresh_every: int, cache: CacheSpec | None = None) -> Backend:
+        """LLaDA itself, or with a training-free cache (a cache row's `Variant.cache`)."""
+        return LladaBackend(self.model, refresh_every) if cache is None else cache.build(self.model)
 
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(canvas (B, P + G) long, region (P + G,) bool, attention mask (B, P + G) bool):
@@ -145,12 +148,42 @@ class LladaRunner(Batches):
         return decode_batch
 
 
-def llada_variants(p: Params) -> list:
-    """The comparison's methods (`tadm.asrd.compare.variants`) at LLaDA's steps and block size."""
+def llada_variants(p: Params, task: str | None = None) -> list[Variant]:
+    """The comparison's methods (`tadm.asrd.compare.variants`) at LLaDA's steps and block size,
+    then the cache rows of `task` (`cache_variants`)."""
     a = p.asrd
     out = variants(p, a.llada_steps, False)
     for v in out:
         v.settings = v.settings.replace(block_size=a.llada_block_size)
+    return out + cache_variants(p, out, task)
+
+
+def cache_variants(p: Params, rows: list[Variant], task: str | None = None) -> list[Variant]:
+    """The training-free cache rows (asrd.llada_cache_methods), each on the decoder of its
+    reference row (`base`): Fast-dLLM's prefix and dual caches refreshed per block on
+    low-confidence + threshold (its cache + parallel recipe); the prefix cache, dLLM-Cache
+    (K_p = K_r = K) and naive reuse every K of asrd.llada_cache_refresh on low-confidence
+    (1 token a step, as dLLM-Cache's release decodes); dLLM-Cache as released on `task`
+    (asrd.llada_dllm_cache; none for a task it does not name)."""
+    a = p.asrd
+    by = {v.label: v for v in rows}
+    methods, ks, released = a.llada_cache_methods, a.llada_cache_refresh, a.llada_dllm_cache.get(task or "")
+
+    def row(label: str, base: str, spec: CacheSpec) -> Variant:
+        return Variant(label, by[base].settings, base=base, cache=spec)
+
+    out = [row(f"Fast-dLLM {m} cache (per block)", ASRD_BASE, CacheSpec(m)) for m in ("prefix", "dual") if m in methods]
+    if "prefix" in methods:
+        out += [row(f"Fast-dLLM prefix cache K={k}", BASELINE, CacheSpec("prefix", k)) for k in ks]
+    if "feature" in methods:
+        share = released.share if released else 0.25  # the release's rho on every task
+        if released:
+            r = released
+            out.append(row(f"dLLM-Cache (K_p={r.prompt_every}, K_r={r.response_every}, rho={r.share:g})", BASELINE,
+                           CacheSpec("feature", r.response_every, r.prompt_every, r.share)))
+        out += [row(f"dLLM-Cache K={k}", BASELINE, CacheSpec("feature", k, k, share)) for k in ks]
+    if "naive" in methods:
+        out += [row(f"Naive reuse K={k}", BASELINE, CacheSpec("naive", k)) for k in ks]
     return out
 
 
@@ -162,4 +195,4 @@ def llada_plan(p: Params, dist: runtime.Dist | None = None, runner: LladaRunner 
         return []
     runner = runner or LladaRunner(p, dist)
     tasks = tasks if tasks is not None else benchmark_tasks(p)
-    return [(name, tasks[name], runner, llada_variants(p)) for name in p.asrd.llada_tasks]
+    return [(name, tasks[name], runner, llada_variants(p, name)) for name in p.asrd.llada_tasks]

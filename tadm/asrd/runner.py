@@ -11,6 +11,7 @@ from typing import Callable
 
 from tadm import runtime
 from tadm.asrd.backends import Backend
+from tadm.asrd.caches import CacheSpec
 from tadm.asrd.decode import DecodeSettings
 from tadm.config import Params
 
@@ -23,7 +24,13 @@ class Variant:
     label: str
     settings: DecodeSettings
     refresh_every: int = 1  # > 1: the time-anchored model (anchor reused between refreshes)
-    base: str | None = None  # the row that is this one without ASRD's mechanisms (same model, same settings)
+    base: str | None = None  # the row that is this one without ASRD's mechanisms (or without its cache)
+    cache: CacheSpec | None = None  # a training-free cache on LLaDA (`tadm.asrd.caches`)
+
+
+def backend_of(runner, v: Variant) -> Backend:
+    """Row `v`'s backend from `runner`: its model with the row's anchor reuse, or its cache."""
+    return runner.backend(v.refresh_every) if v.cache is None else runner.backend(v.refresh_every, cache=v.cache)
 
 
 def _settings(p: Params, steps: int) -> tuple[DecodeSettings, DecodeSettings, DecodeSettings]:
@@ -63,6 +70,7 @@ class Tally:
     batches: int = 0
     calls: int = 0
     layer_calls: int = 0
+    layer_calls_weighted: float = 0.0
     refreshes: int = 0
     remasked: int = 0
     verified: int = 0
@@ -81,6 +89,7 @@ class Tally:
         return {"accuracy": statistics.mean(acc), "accuracy_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
                 "accuracy_seeds": acc, "tokens_per_s": self.tokens / self.seconds,
                 "calls_per_batch": per_batch(self.calls), "layer_calls_per_batch": per_batch(self.layer_calls),
+                "layer_calls_weighted_per_batch": per_batch(self.layer_calls_weighted),
                 "refreshes_per_batch": per_batch(self.refreshes),
                 "remasked_per_sequence": self.remasked / self.sequences,
                 "verified_per_sequence": self.verified / self.sequences, "examples": self.examples[:5],
@@ -112,7 +121,8 @@ class Batches:
                 c = r.counters
                 out.append({"texts": texts, "correct": [bool(task.score(starts[j] + k, t)) for k, t in enumerate(texts)],
                             "generated": generated, "seconds": r.seconds, "calls": c.calls,
-                            "layer_calls": c.layer_calls, "refreshes": c.refreshes,
+                            "layer_calls": c.layer_calls, "layer_calls_weighted": c.layer_calls_weighted,
+                            "refreshes": c.refreshes,
                             "remasked": r.remasked, "verified": r.verified, "sequences": len(r.tokens)})
         accuracies = []
         for out, (_, tally) in zip(mine, jobs):  # the same collectives, in the same order, on every process
@@ -133,6 +143,7 @@ def _count(tally: Tally, b: dict) -> None:
     tally.batches += 1
     tally.calls += b["calls"]
     tally.layer_calls += b["layer_calls"]
+    tally.layer_calls_weighted += b["layer_calls_weighted"]
     tally.refreshes += b["refreshes"]
     tally.remasked += b["remasked"]
     tally.verified += b["verified"]

@@ -15,9 +15,11 @@ a missing key is an error naming the dotted key and the file (with the value the
 exist only for code that builds a section directly, e.g. tests). Inheritance happens in one
 place only, when a profile is rendered: ``profiles/default.yaml`` must hold every key, and
 ``profiles/<name>.yaml`` overlays it key by key (``render_profile``); the rendered mapping is
-what ``params.yaml`` holds, so DVC sees every parameter. The one exception is the fields
-of a ``sft.hub_sources`` entry marked ``optional`` (a hub source's config, split, message
-field and no-think filter), which are per-entry options of a list, not params keys.
+what ``params.yaml`` holds, so DVC sees every parameter. The exceptions: the fields of a
+``sft.hub_sources`` entry marked ``optional`` (a hub source's config, split, message field
+and no-think filter), which are per-entry options of a list, not params keys; and the LLaDA
+cache rows' keys of ``asrd`` (``llada_cache_*``, ``llada_dllm_cache``), optional while the
+default profile runs no LLaDA (the paper profile sets them).
 
 Reading is guarded: a file that is not UTF-8, empty, not a mapping at the top, nested more
 than ``MAX_DEPTH`` levels, expanding (through YAML aliases) to more than ``MAX_NODES``
@@ -30,7 +32,7 @@ cross-key check and the profiles; ``reading`` the guarded YAML reading. Every pu
 importable from ``tadm.config``.
 """
 
-from tadm.config.asrd import AsrdConfig
+from tadm.config.asrd import AsrdConfig, DllmCacheConfig
 from tadm.config.data import CorpusConfig, HubSftSource, PackingConfig, SftConfig, TokenizerConfig
 from tadm.config.fields import spec
 from tadm.config.loader import (
@@ -58,7 +60,7 @@ from tadm.errors import ConfigError  # what every check raises (tadm.errors), as
 
 __all__ = [
     "AsrdConfig", "ClaimsConfig", "ConfigError", "CorpusConfig", "DiffusionGemmaSize", "EvalConfig", "HubSftSource", "MAX_BYTES",
-    "MAX_DEPTH", "MAX_NODES", "ModelConfig", "PARAMS_FILE", "PARAMS_HEADER", "PROFILES_DIR", "PackingConfig", "Params",
+    "DllmCacheConfig", "MAX_DEPTH", "MAX_NODES", "ModelConfig", "PARAMS_FILE", "PARAMS_HEADER", "PROFILES_DIR", "PackingConfig", "Params",
     "PosttrainConfig", "ROOT", "RuntimeConfig", "SampleConfig", "SftConfig", "TokenizerConfig", "TrainConfig",
     "TrainedEvaluatorConfig", "as_bool", "available_profiles", "deep_merge", "from_dict", "load", "merged_profile",
     "override", "read_yaml", "render_profile", "spec", "to_dict", "write_profile",

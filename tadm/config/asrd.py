@@ -8,6 +8,15 @@ from typing import Literal
 from tadm.config.fields import spec
 
 
+@dataclass(frozen=True)
+class DllmCacheConfig:
+    """dLLM-Cache's intervals and V-verify share for one LLaDA task (its release's settings)."""
+
+    prompt_every: int = spec(50, ge=1)  # K_p: passes between prompt refreshes
+    response_every: int = spec(7, ge=1)  # K_r: passes between response refreshes
+    share: float = spec(0.25, gt=0.0, le=1.0)  # rho: response rows V-verify recomputes
+
+
 @dataclass
 class AsrdConfig:
     """ASRD (anchor-supervised revocable decoding, training-free) and its comparison with the
@@ -64,3 +73,12 @@ class AsrdConfig:
     llada_eval_examples: int = spec(0, ge=0)  # per task; 0 = all
     llada_batch_size: int = spec(8, ge=1)
     llada_precision: Literal["fp32", "bf16"] = "bf16"
+    # training-free caches on LLaDA (tadm.asrd.caches; rows of the LLaDA group). Optional keys
+    # (the default profile runs no LLaDA): Fast-dLLM's prefix / dual cache refreshed per block,
+    # and the prefix cache, dLLM-Cache (K_p = K_r = K) and naive reuse refreshed every K of
+    # llada_cache_refresh; dLLM-Cache as released per task (tasks not named: no such row)
+    llada_cache_methods: list[Literal["prefix", "dual", "feature", "naive"]] = spec(
+        ["prefix", "dual", "feature", "naive"], optional=True)
+    llada_cache_refresh: list[int] = spec([2, 3], ge=2, optional=True)  # K = 1 is the base itself
+    llada_dllm_cache: dict[str, DllmCacheConfig] = spec(
+        {"gsm8k": DllmCacheConfig(50, 7, 0.25), "humaneval": DllmCacheConfig(50, 8, 0.25)}, optional=True)

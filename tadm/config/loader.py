@@ -284,6 +284,14 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.llada_gen_tokens", f"must be a multiple of llada_block_size ({c.llada_block_size}), got {c.llada_gen_tokens}", src)
         if c.llada_steps % (c.llada_gen_tokens // c.llada_block_size):
             raise ConfigError(f"{p}.llada_steps", f"must divide evenly over the {c.llada_gen_tokens // c.llada_block_size} blocks, got {c.llada_steps}", src)
+        for key in ("llada_cache_methods", "llada_cache_refresh"):
+            values = getattr(c, key)
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{p}.{key}", f"must not repeat a value, got {values}", src)
+        tasks = typing.get_args(typing.get_args(typing.get_type_hints(AsrdConfig)["llada_tasks"])[0])
+        for task in c.llada_dllm_cache:
+            if task not in tasks:
+                raise ConfigError(f"{p}.llada_dllm_cache.{task}", f"unknown task; LLaDA's tasks are {', '.join(tasks)}", src)
         for b in c.sweep_block_size:
             if c.response_tokens % b or c.steps % (c.response_tokens // b):
                 raise ConfigError(f"{p}.sweep_block_size", f"each must tile response_tokens ({c.response_tokens}) into "

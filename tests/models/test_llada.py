@@ -358,6 +358,7 @@ def test_runner_on_a_benchmark(tmp_path):
     from tadm import runtime
     from tadm.asrd.compare import Tally
     from tadm.asrd.llada import BenchmarkTask, LladaRunner, llada_plan
+    from tadm.asrd.runner import backend_of
     from tadm.config import Params
 
     p = Params()
@@ -375,7 +376,7 @@ def test_runner_on_a_benchmark(tmp_path):
     for variant in plan[0][3]:
         assert variant.settings.block_size == 4 and variant.settings.steps == 4
         tally = Tally()
-        acc = runner.run(runner.backend(variant.refresh_every), task, variant.settings, tally)
+        acc = runner.run(backend_of(runner, variant), task, variant.settings, tally)  # the cache rows' caches too
         assert acc == pytest.approx(200 / 3)
         assert tally.batches == 2 and tally.tokens == 3 * 8 and tally.calls > 0
         assert all(isinstance(t, str) for t in tally.examples)

@@ -15,11 +15,9 @@ a missing key is an error naming the dotted key and the file (with the value the
 exist only for code that builds a section directly, e.g. tests). Inheritance happens in one
 place only, when a profile is rendered: ``profiles/default.yaml`` must hold every key, and
 ``profiles/<name>.yaml`` overlays it key by key (``render_profile``); the rendered mapping is
-what ``params.yaml`` holds, so DVC sees every parameter. The exceptions: the fields of a
-``sft.hub_sources`` entry marked ``optional`` (a hub source's config, split, message field
-and no-think filter), which are per-entry options of a list, not params keys; and the LLaDA
-cache rows' keys of ``asrd`` (``llada_cache_*``, ``llada_dllm_cache``), optional while the
-default profile runs no LLaDA (the paper profile sets them).
+what ``params.yaml`` holds, so DVC sees every parameter. The one exception is the fields
+of a ``sft.hub_sources`` entry marked ``optional`` (a hub source's config, split, message
+field and no-think filter), which are per-entry options of a list, not params keys.
 
 Reading is guarded: a file that is not UTF-8, empty, not a mapping at the top, nested more
 than ``MAX_DEPTH`` levels, expanding (through YAML aliases) to more than ``MAX_NODES``

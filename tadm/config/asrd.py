@@ -73,12 +73,12 @@ class AsrdConfig:
     llada_eval_examples: int = spec(0, ge=0)  # per task; 0 = all
     llada_batch_size: int = spec(8, ge=1)
     llada_precision: Literal["fp32", "bf16"] = "bf16"
-    # training-free caches on LLaDA (tadm.asrd.caches; rows of the LLaDA group). Optional keys
-    # (the default profile runs no LLaDA): Fast-dLLM's prefix / dual cache refreshed per block,
-    # and the prefix cache, dLLM-Cache (K_p = K_r = K) and naive reuse refreshed every K of
-    # llada_cache_refresh; dLLM-Cache as released per task (tasks not named: no such row)
+    # training-free caches on LLaDA (tadm.asrd.caches; rows of the LLaDA group): Fast-dLLM's
+    # prefix / dual cache refreshed per block, and the prefix cache, dLLM-Cache (K_p = K_r = K)
+    # and naive reuse refreshed every K of llada_cache_refresh; dLLM-Cache as released per task
+    # (tasks not named: no such row)
     llada_cache_methods: list[Literal["prefix", "dual", "feature", "naive"]] = spec(
-        ["prefix", "dual", "feature", "naive"], optional=True)
-    llada_cache_refresh: list[int] = spec([2, 3], ge=2, optional=True)  # K = 1 is the base itself
+        ["prefix", "dual", "feature", "naive"])
+    llada_cache_refresh: list[int] = spec([2, 3], ge=2)  # K = 1 is the base itself
     llada_dllm_cache: dict[str, DllmCacheConfig] = spec(
-        {"gsm8k": DllmCacheConfig(50, 7, 0.25), "humaneval": DllmCacheConfig(50, 8, 0.25)}, optional=True)
+        {"gsm8k": DllmCacheConfig(50, 7, 0.25), "humaneval": DllmCacheConfig(50, 8, 0.25)})

@@ -367,7 +367,7 @@ def test_the_paper_profile_lists_the_cache_rows():
     from tadm.asrd.runner import ASRD_BASE, BASELINE
 
     p = config.from_dict(_paper())
-    assert "llada_cache_methods" not in config.render_profile("default")["asrd"]  # optional: the default runs no LLaDA
+    assert config.render_profile("default")["asrd"]["llada_cache_methods"] == p.asrd.llada_cache_methods  # every key in default.yaml
     rows = {v.label: v for v in llada_variants(p, "humaneval")}
     cached = [label for label, v in rows.items() if v.cache is not None]
     assert cached == ["Fast-dLLM prefix cache (per block)", "Fast-dLLM dual cache (per block)",

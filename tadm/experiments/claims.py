@@ -696,9 +696,11 @@ def _training_free_claim(inp: Inputs, rules: Rules) -> Claim:
         se = se if se == se else None
         calls = best["layer_calls_weighted"] / tadm[k]["layer_calls_weighted"]
         speed = tadm[k]["throughput_x"] / best["throughput_x"]
+        same = best.get("same_output_as_tadm")
         notes.append(f"{task} K = {k}: TADM {tadm[k]['accuracy']:.1f} % vs {label} {best['accuracy']:.1f} % "
                      f"(Δ {_fmt(delta, se, 1, ' pts')}; its layer calls {calls:.3f}x TADM's; TADM's measured "
-                     f"speed {speed:.2f}x its)")
+                     f"speed {speed:.2f}x its" + ("" if same is None else f"; TADM's very completion {same:.0%} of the time")
+                     + ")")
         c.value, c.se, c.n = delta, se, r["n"]
         c.shown = f"{_fmt(delta, se, 1, ' pts')} (K = {k} vs {label})"
     c.verdict = direction(c.value, c.se, rules)

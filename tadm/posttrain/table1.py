@@ -458,6 +458,7 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
     runner = Runner(p, tok, methods, d)
     pt = p.posttrain
     tadm = next(m.model for m in methods if m.family == "tadm")
+    tadm_label = {m.k: m.label for m in methods if m.family == "tadm"}
     results = {"steps": pt.sample_steps, "split": list(tadm.split.split),
                "fusion_parameters": tadm.fusion.num_parameters, "tasks": {}}
     for name in pt.tasks:
@@ -465,8 +466,8 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         if not task.prompts:
             raise DataError(f"task {name}: no evaluation examples")
         flops = runner.flops(task)  # also the warm-up of every method
-        runs = {m.label: {"accs": [], "correct": [], "examples": None, "calls": 0, "weighted": 0.0, "timed": []}
-                for m in methods}
+        runs = {m.label: {"accs": [], "correct": [], "texts": [], "examples": None, "calls": 0, "weighted": 0.0,
+                          "timed": []} for m in methods}
         bar = tqdm(total=len(methods) * len(pt.seeds), desc=f"table1[{name}]", unit="run", disable=not d.main)
         for seed in pt.seeds:  # methods interleaved batch by batch (Runner.run_seed)
             for label, (acc, texts, correct, n, weighted, timed) in runner.run_seed(task, seed).items():
@@ -474,6 +475,7 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
                 r["accs"].append(acc)
                 r["correct"].append([int(c) for c in correct])
                 r["examples"] = r["examples"] or texts[:5]
+                r["texts"] += texts
                 r["calls"] += n
                 r["weighted"] += weighted
                 r["timed"] += timed
@@ -494,6 +496,9 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
                              "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps, pt.canvas_length),
                              "examples": r["examples"], **flops[m.label],
                              **throughput(r["timed"], runner.tokens_per_prompt(task))}
+            if m.family in CACHE_METHODS:  # how often the cache wrote TADM's very completion (same K, example, seed)
+                same = [a == b for a, b in zip(r["texts"], runs[tadm_label[m.k]]["texts"], strict=True)]
+                rows[m.label]["same_output_as_tadm"] = sum(same) / len(same)
         add_speedups(rows, methods[0].label)
         results["tasks"][name] = {"n": len(task.prompts), "methods": rows}
         if d.main:
@@ -527,6 +532,8 @@ def frame(results: dict):
         control = r["methods"].get(CONTROL)
         for m in r["methods"].values():
             _require(m, ("family", "layer_calls_weighted"))
+            if m["family"] in CACHE_METHODS:
+                _require(m, ("same_output_as_tadm",))
         tadm = {m["refresh_every"]: m for m in r["methods"].values() if m["family"] == "tadm"}
         order = sorted(r["methods"].items(), key=lambda lm: (FAMILIES.index(lm[1]["family"]), lm[1]["refresh_every"] or 0))
         for label, m in order:
@@ -545,6 +552,7 @@ def frame(results: dict):
                           "delta_pts": delta, "delta_se": delta_se,
                           "delta_control_pts": delta_ctl, "delta_control_se": delta_ctl_se,
                           "delta_tadm_pts": delta_tadm, "delta_tadm_se": delta_tadm_se, "matched": matched,
+                          "same_as_tadm": m.get("same_output_as_tadm", float("nan")),
                           "tokens_per_s": m["tokens_per_s"],
                           "throughput_x": speedup, "throughput_se": speedup_se,
                           "layer_calls": m["layer_calls"], "compute_x": compute,
@@ -566,8 +574,11 @@ def _pm(v: float, se: float) -> str:
 
 
 def _vs_tadm(r) -> str:
-    """The Δ vs TADM cell: a cache row's paired Δ, marked where its compute is not TADM's."""
+    """The Δ vs TADM cell: a cache row's paired Δ and how often it wrote TADM's very completion,
+    marked where its compute is not TADM's."""
     cell = _pm(r.delta_tadm_pts, r.delta_tadm_se)
+    if r.same_as_tadm == r.same_as_tadm:  # NaN off the cache rows
+        cell += f"; {r.same_as_tadm:.0%} same text"
     return cell if r.matched is None or r.matched != r.matched or r.matched else f"{cell} (unmatched)"
 
 
@@ -584,7 +595,8 @@ def to_markdown(df) -> str:
         for r in df.itertuples())
     note = ("\nΔ: accuracy minus the base's / the control's / the TADM row's at the same K, ± its paired bootstrap se "
             "over the examples (each example's difference averaged over the seeds; both rows answer the same examples "
-            "with the same seeds). "
+            "with the same seeds); \"same text\": the share of (example, seed) where a cache row wrote exactly TADM's "
+            "completion. "
             "Control: the same fusion recipe (data, steps, seed, CE + KD) trained and evaluated with the anchor "
             "recomputed at every step; Δ vs control isolates anchor reuse from the fine-tuning of the CE term. "
             "Throughput and decoder speed-up: the median over prompt batches of the base's time / the method's on the "
@@ -613,6 +625,7 @@ def metrics_dict(df) -> dict:
             deltas[f"{key}_delta_control_pts"] = round(r.delta_control_pts, 3)
         if r.delta_tadm_pts == r.delta_tadm_pts:  # a training-free cache's row
             deltas[f"{key}_delta_tadm_pts"] = round(r.delta_tadm_pts, 3)
+            deltas[f"{key}_same_output_as_tadm"] = round(r.same_as_tadm, 4)
         out.update({f"{key}_accuracy": round(r.accuracy, 3), **deltas, f"{key}_throughput_x": round(r.throughput_x, 4),
                     f"{key}_compute_x": round(r.compute_x, 4), f"{key}_measured_over_bound": round(r.measured_over_bound, 4),
                     f"{key}_decoder_measured_over_bound": round(r.decoder_measured_over_bound, 4)})

@@ -29,6 +29,8 @@ def test_cache_rows_run_at_every_k_of_two_or_more_with_their_closed_form_layer_c
         assert naive["layer_calls"] == tadm["layer_calls"] == naive["layer_calls_weighted"]
         # layer 0 of each reuse step is whole; the partial layers add their share of the rows
         assert feature["layer_calls"] < feature["layer_calls_weighted"] < tadm["layer_calls"]
+        assert 0.0 <= naive["same_output_as_tadm"] <= 1.0 and 0.0 <= feature["same_output_as_tadm"] <= 1.0
+    assert "same_output_as_tadm" not in rows["TADM K=2"] and "same_output_as_tadm" not in rows["Base"]
     df = table1.frame(results).set_index("method")
     # 1 / 2 / 1 layers, 8-row canvases: the matched share 1/3 floors to 2 of 8 rows, 0.03 below TADM
     assert not df.loc["Feature cache K=2"].matched and df.loc["Naive reuse K=3"].matched

@@ -83,15 +83,17 @@ def test_a_control_fusion_is_not_loaded_as_tadms(tmp_path, tiny_base):
     dgm.load_fusion(dgm.build_tadm(tiny_base, p, fresh=True), tmp_path)
 
 
-def _row(accs, tps=100.0, calls=300, control=False, k=None, family=None, weighted=None):
-    """Per seed, the first `acc` of 100 examples right."""
+def _row(accs, tps=100.0, calls=300, control=False, k=None, family=None, weighted=None, same=0.25):
+    """Per seed, the first `acc` of 100 examples right; a cache row (naive, feature) wrote TADM's
+    completion on a `same` share."""
     seconds = [100.0 / tps * s for s in (1.0, 1.2, 0.9)]  # three full batches, timed as the base's x 100 / tps
     correct = [[int(i < a) for i in range(100)] for a in accs]
     family = family or ("control" if control else "base" if k is None else "tadm")
     return {"accuracy": sum(accs) / len(accs), "accuracy_seeds": accs, "accuracy_sd": 1.0, "refresh_every": k,
             "correct_seeds": correct, "family": family, "layer_calls_weighted": float(calls if weighted is None else weighted),
             "control": control, "layer_calls": calls, "tokens_per_s": tps, "seconds": seconds,
-            "decoder_seconds": [0.9 * s for s in seconds], "flops": 10.0 * calls, "decoder_flops": 9.0 * calls}
+            "decoder_seconds": [0.9 * s for s in seconds], "flops": 10.0 * calls, "decoder_flops": 9.0 * calls,
+            **({"same_output_as_tadm": same} if family in ("naive", "feature") else {})}
 
 
 def results():
@@ -227,7 +229,7 @@ def test_each_prompt_batch_is_generated_by_every_method_in_turn(tiny_base, monke
 def test_a_cache_row_is_compared_with_tadm_at_the_same_k_and_marked_when_unmatched():
     r = results()
     methods = r["tasks"]["arithmetic"]["methods"]
-    methods["Naive reuse K=2"] = _row([24.0, 26.0, 28.0], 150.0, 200, k=2, family="naive")  # TADM's calls
+    methods["Naive reuse K=2"] = _row([24.0, 26.0, 28.0], 150.0, 200, k=2, family="naive", same=0.8)  # TADM's calls
     methods["Feature cache K=2"] = _row([28.0, 30.0, 32.0], 140.0, 100, k=2, family="feature", weighted=190.0)
     table1.add_speedups(methods, "Base")
     df = table1.frame(json.loads(json.dumps(r, sort_keys=True))).set_index("method")  # as results/table1.json holds it
@@ -240,8 +242,14 @@ def test_a_cache_row_is_compared_with_tadm_at_the_same_k_and_marked_when_unmatch
     assert df.delta_tadm_pts[["Base", table1.CONTROL, "TADM K=1", "TADM K=2"]].isna().all()
     md = table1.to_markdown(df.reset_index())
     assert "| -5.0 ± " in md and "(unmatched)" in md and md.count("(unmatched)") == 1
+    assert "; 80% same text |" in md and "; 25% same text (unmatched) |" in md
     metrics = table1.metrics_dict(df.reset_index())
     assert metrics["arithmetic_NaivereuseK2_delta_tadm_pts"] == -5.0 and "arithmetic_TADMK2_delta_tadm_pts" not in metrics
+    assert metrics["arithmetic_NaivereuseK2_same_output_as_tadm"] == 0.8 and "arithmetic_TADMK2_same_output_as_tadm" not in metrics
+    del methods["Naive reuse K=2"]["same_output_as_tadm"]
+    with pytest.raises(DataError, match="same_output_as_tadm"):
+        table1.frame(r)
+    methods["Naive reuse K=2"]["same_output_as_tadm"] = 0.8
     del methods["Feature cache K=2"]["layer_calls_weighted"]
     with pytest.raises(DataError, match="layer_calls_weighted"):
         table1.frame(r)
@@ -267,6 +275,7 @@ def test_the_training_free_claim_pits_tadm_against_the_best_cache_within_its_lay
     got = claim({"Naive reuse K=2": naive, "Feature cache K=2": feature})
     assert got.value == pytest.approx(31.0 - 30.667, abs=0.01) and got.verdict == C.INCONCLUSIVE  # the best one
     assert "vs Feature cache K=2" in got.shown and "its layer calls 0.995x TADM's" in got.notes
+    assert "TADM's very completion 25% of the time" in got.notes
     over = _row([28.0, 31.0, 33.0], 140.0, 100, k=2, family="feature", weighted=260.0)  # 0.2x more than TADM
     got = claim({"Naive reuse K=2": naive, "Feature cache K=2": over})
     assert "vs Naive reuse K=2" in got.shown and got.value == pytest.approx(19.0) and got.verdict == C.REPRODUCED

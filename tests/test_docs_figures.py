@@ -32,6 +32,11 @@ def judge(*keys: str) -> float:
     return value
 
 
+def table1(key: str) -> float:
+    """A figure of the committed Table 1 (metrics/table1.json; keys without the task prefix)."""
+    return source("metrics/table1.json")[f"arithmetic_{key}"]
+
+
 def stage_minutes(name: str | None = None) -> float:
     """Minutes of one stage (None: all of them) of the committed run."""
     times = source("metrics/stage_times.json")
@@ -93,6 +98,19 @@ FIGURES = [
              f"points against the fresh-anchor control on {claim('posttrain_accuracy')['n']:.0f} problems"),
     ("docs/default-profile.md", "the post-train comparison's detectable margin",
      lambda: f"the run's detectable margin is {claim('posttrain_accuracy')['mde']:.1f} points"),
+    ("docs/default-profile.md", "naive reuse's share of TADM's completions",
+     lambda: f"completion on {100 * table1('NaivereuseK2_same_output_as_tadm'):.0f} % (K = 2) and "
+             f"{100 * table1('NaivereuseK3_same_output_as_tadm'):.0f} % (K = 3) of the example-seeds"),
+    ("docs/default-profile.md", "the feature cache's measured speed (a timing)",
+     lambda: f"runs only {table1('FeaturecacheK2_throughput_x'):.2f}x and {table1('FeaturecacheK3_throughput_x'):.2f}x "
+             "the base's speed"),
+    ("docs/default-profile.md", "TADM against the best training-free cache",
+     lambda: f"{signed(claim('fusion_vs_training_free')['value'])} ± {claim('fusion_vs_training_free')['se']:.1f} "
+             f"points at K = 3 against the feature cache (the run's detectable margin is "
+             f"{claim('fusion_vs_training_free')['mde']:.1f} points)"),
+    ("README.md", "TADM against the best training-free cache",
+     lambda: f"{signed(claim('fusion_vs_training_free')['value'])} ± {claim('fusion_vs_training_free')['se']:.1f} "
+             "points (TADM's accuracy minus the feature cache's"),
     ("README.md", "the run's stage time",
      lambda: f"| `make reproduce` (default profile, every stage from scratch) | {stage_minutes():.1f} minutes"),
 ]

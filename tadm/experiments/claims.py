@@ -660,19 +660,19 @@ def _table1_claims(inp: Inputs, rules: Rules) -> list[Claim]:
     return [thr, acc, comp]
 
 
-TRAINING_FREE = ("naive", "feature")  # Table 1's training-free cache families (tadm.caches)
-MATCHED_CALLS = 0.01  # a training-free row is within TADM's layer-call budget at compute_x <= TADM's + this
-
-
 def _training_free_claim(inp: Inputs, rules: Rules) -> Claim:
     """TADM at K against the most accurate training-free cache row at the same K whose counted
     compute does not exceed TADM's (choosing the best of them after the run favours the caches,
-    the conservative side for this claim); the verdict at the largest K, the others in notes."""
+    the conservative side for this claim); the verdict at the largest K, the others in notes. The
+    cache families and the budget tolerance are Table 1's own (imported here only: they load the model code)."""
+    from tadm.caches import CACHE_METHODS
+    from tadm.posttrain.table1 import MATCHED
+
     c = Claim("fusion_vs_training_free", "a trained fusion beats training-free reuse at matched layer calls "
               "(TADM:Post-train vs naive anchor reuse and a dLLM-Cache-style feature cache, same base)",
               "qualitative (Sec. 1: existing caches are \"not trained for temporal reuse\")", DIRECTION,
               test=f"accuracy(TADM, K = max) - accuracy(the best training-free row at that K with compute <= TADM's "
-              f"+ {MATCHED_CALLS:g}): > 0 beyond {rules.z:g} paired se (contradicted below -{rules.z:g} se)",
+              f"+ {MATCHED:g}): > 0 beyond {rules.z:g} paired se (contradicted below -{rules.z:g} se)",
               source="results/table1.json", covers="examples and sampling seeds (paired bootstrap over examples)",
               n_unit="examples")
     if not inp.table1:
@@ -681,8 +681,8 @@ def _training_free_claim(inp: Inputs, rules: Rules) -> Claim:
     m = r["methods"]
     base_calls = m["Base"].get("layer_calls_weighted")
     tadm = {v["refresh_every"]: v for v in m.values() if v.get("family") == "tadm" and v["refresh_every"] > 1}
-    cache = {k: [(label, v) for label, v in m.items() if v.get("family") in TRAINING_FREE and v["refresh_every"] == k
-                 and v["layer_calls_weighted"] <= t["layer_calls_weighted"] + MATCHED_CALLS * base_calls]
+    cache = {k: [(label, v) for label, v in m.items() if v.get("family") in CACHE_METHODS and v["refresh_every"] == k
+                 and v["layer_calls_weighted"] <= t["layer_calls_weighted"] + MATCHED * base_calls]
              for k, t in tadm.items()}
     ks = sorted(k for k in tadm if cache[k])
     if not base_calls or not ks:

@@ -40,8 +40,10 @@ def cmd_check(args) -> None:
     training each model of train.models and of the post-training base, and refuse (one line,
     exit 2) a setting that cannot fit the machine (tadm.memory_estimate has the formulas)."""
     from tadm import memory_estimate as me
+    from tadm.experiments import replicates
 
     p = _params(args)
+    replicates.check(p)
     available, where, on_gpu = me.machine_memory(p)
     result = me.check_memory(p, source=Path(args.params).name, available=available, where=where, on_gpu=on_gpu)
     print(f"{args.params}: valid (profile {p.profile!r})")
@@ -103,10 +105,13 @@ def cmd_train(args) -> None:
     from tadm.train.trainer import train
 
     p = _params(args)
+    if args.replicate and len(args.runs) != 1:
+        raise TadmError("python -m tadm train: --replicate needs exactly one run (e.g. `train tadm --replicate 1`)")
     if len(args.runs) == 1:
-        if _relaunched(p, args, "train", args.runs[0], "--data", args.data):
+        replicate = ["--replicate", str(args.replicate)] if args.replicate else []
+        if _relaunched(p, args, "train", args.runs[0], "--data", args.data, *replicate):
             return
-        summary = train(args.runs[0], p, data_dir=Path(args.data), restart=args.restart)
+        summary = train(args.runs[0], p, data_dir=Path(args.data), restart=args.restart, replicate=args.replicate)
         if summary:
             print(json.dumps(summary))
         return
@@ -114,7 +119,9 @@ def cmd_train(args) -> None:
     # fusions on the post-train base once it is done): one process each, runtime.jobs at a time,
     # the longest first
     jobs = sorted(train_jobs(p, args), key=lambda job: -job[2])
-    seconds = runtime.run_jobs([(name, argv) for name, argv, _ in jobs], p.runtime.jobs, after=TRAIN_AFTER)
+    names = {name for name, _, _ in jobs}
+    after = {k: v for k, v in posttrain_after(p).items() if k in names}
+    seconds = runtime.run_jobs([(name, argv) for name, argv, _ in jobs], p.runtime.jobs, after=after)
     record = {"jobs": p.runtime.jobs, "threads_each": runtime.threads_per_job(p.runtime.jobs),
               "order": [name for name, _, _ in jobs], "seconds": {k: round(v, 1) for k, v in seconds.items()}}
     if not args.runs:
@@ -128,18 +135,29 @@ JOBS_RECORD = Path("metrics/train/jobs.json")
 
 
 # jobs of the train stage that start only once others have finished: TADM:Post-train's fusion and
-# its fresh-anchor control train on the frozen post-train base
+# its fresh-anchor control train on the frozen post-train base, and so do their replicates
+# (posttrain.replicates; names dg_posttrain-s<seed>, dg_posttrain_fresh-s<seed>: posttrain_after)
 TRAIN_AFTER = {"dg_posttrain": ("dg_base",), "dg_posttrain_fresh": ("dg_base",)}
+
+
+def posttrain_after(p: config.Params) -> dict[str, tuple[str, ...]]:
+    """TRAIN_AFTER with the fusion replicates of `p` (each after dg_base, like its main run)."""
+    from tadm.posttrain.train import fusion_runs
+
+    return {**TRAIN_AFTER, **{r.name: ("dg_base",) for fresh in (False, True) for r in fusion_runs(p, fresh)[1:]}}
 
 
 def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
     """(name, command, cost) of each job of `python -m tadm train [runs...]`: the runs asked for, or
-    with none every network the pipeline trains (train.models, the evaluator, the post-train base,
+    with none every network the pipeline trains (train.models and the training replicates of
+    train.replicate_models, the evaluator, the post-train base,
     TADM:Post-train's fusion and its fresh-anchor control (after the base, TRAIN_AFTER), the ASRD
-    model). The cost is a proxy of the training FLOPs (tokens seen x layer passes x width^2) that
+    model, then the fusion's and the control's replicates of posttrain.replicates, also after the
+    base: :func:`posttrain_after`). The cost is a proxy of the training FLOPs (tokens seen x layer passes x width^2) that
     orders the jobs longest first."""
     from tadm.errors import ConfigError
     from tadm.memory_estimate import layers
+    from tadm.train.trainer import replicate_name, replicate_seeds
 
     unknown = [r for r in args.runs if r not in p.train.models]
     if unknown:
@@ -162,7 +180,16 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
             for r in (args.runs or p.train.models)]
     if args.runs:
         return jobs
+    # the training replicates of train.replicate_models: the same recipe, seeds seed + 1, ...
+    jobs += [(replicate_name(r, seed), [*tadm, "train", r, "--replicate", str(seed - p.seed), "--data", args.data,
+                                        *restart],
+              cost(3 * layers(r, m), m.d_model, t.steps * t.global_batch * p.packing.seq_len))
+             for r in t.replicate_models for seed in replicate_seeds(p)]
     e, b, pt, a = p.eval.trained, p.posttrain.base, p.posttrain, p.asrd
+    from tadm.posttrain.train import fusion_runs
+
+    # replicate k of the fusion, then of the control, k = 1, 2, ...: two side by side train one of each
+    fusion_replicates = [run for pair in zip(fusion_runs(p, False)[1:], fusion_runs(p, True)[1:]) for run in pair]
     depth = pt.shared_layers + pt.anchor_layers + pt.denoiser_layers
     dg_tokens = pt.max_context_tokens + pt.canvas_length  # DiffusionGemma over context + canvas
     return jobs + [
@@ -179,6 +206,11 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
         *((name, [*tadm, "dg-posttrain", *fresh, *restart],
            cost(2 * depth + 2 * pt.denoiser_layers, b.hidden_size, pt.steps * pt.batch_size * dg_tokens))
           for name, fresh in (("dg_posttrain", []), ("dg_posttrain_fresh", ["--fresh-anchor"]))),
+        # their fusion replicates (posttrain.replicates): the same recipe, seeds posttrain.seed + 1, ...
+        *((run.name, [*tadm, "dg-posttrain", "--replicate", str(run.replicate), *(["--fresh-anchor"] if run.fresh else []),
+                      *restart],
+           cost(2 * depth + 2 * pt.denoiser_layers, b.hidden_size, pt.steps * pt.batch_size * dg_tokens))
+          for run in fusion_replicates),
     ]
 
 
@@ -303,6 +335,18 @@ def cmd_compute_column(args) -> None:
     print(to_markdown(rows))
 
 
+def cmd_replicates(args) -> None:
+    """The training replicates' draws: sample.replicate_rows from every replicate of their model
+    (tadm.experiments.replicates)."""
+    from tadm.data.tokenizer import load_tokenizer
+    from tadm.experiments import replicates
+    from tadm.experiments.table2 import Scorer
+
+    p = _params(args)
+    replicates.require_models(p)  # before the tokenizer and the judge are loaded
+    replicates.run(p, Scorer(p, load_tokenizer(args.tokenizer), args.data))
+
+
 def cmd_throughput(args) -> None:
     """Table 2's tokens/s: every row that samples timed in turns in one process, paired ratios vs
     ADLM and MDLM (tadm.experiments.throughput)."""
@@ -349,9 +393,15 @@ def cmd_dg_posttrain(args) -> None:
     from tadm.posttrain.train import train_fusion
 
     p = _params(args)
-    if _relaunched(p, args, "dg-posttrain", "--sft", args.sft, *(["--fresh-anchor"] if args.fresh_anchor else [])):
+    if args.replicate:
+        from tadm.posttrain.train import fusion_run
+
+        fusion_run(p, args.fresh_anchor, args.replicate)  # one line before any relaunch: is there such a replicate?
+    if _relaunched(p, args, "dg-posttrain", "--sft", args.sft, *(["--fresh-anchor"] if args.fresh_anchor else []),
+                   *(["--replicate", str(args.replicate)] if args.replicate else [])):
         return
-    summary = train_fusion(p, sft_dir=Path(args.sft), restart=args.restart, fresh=args.fresh_anchor)
+    summary = train_fusion(p, sft_dir=Path(args.sft), restart=args.restart, fresh=args.fresh_anchor,
+                           replicate=args.replicate)
     if not runtime.under_torchrun() or os.environ.get("RANK") == "0":
         print(json.dumps(summary))
 
@@ -424,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "each, runtime.jobs at a time")
     p.add_argument("runs", nargs="*", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar (default: train.models)")
     p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (pack stage output)")
+    p.add_argument("--replicate", type=int, default=0, metavar="K",
+                   help="train the run's K-th training replicate (seed + K; 1 .. train.replicates - 1) under "
+                   "checkpoints/replicates/<run>-s<seed>")
     _add_restart(p)
     p.set_defaults(func=cmd_train)
 
@@ -438,6 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "this run's results")
     p.add_argument("--out", default="paper_figures")
     p.set_defaults(func=cmd_claims)
+
+    p = sub.add_parser("replicates", help="sample and score Table 2's compared rows (sample.replicate_rows) from every "
+                       "training replicate of their model (samples/replicates, results/replicates)")
+    p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
+    p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (the references and the Data row)")
+    p.set_defaults(func=cmd_replicates)
 
     p = sub.add_parser("throughput", help="Table 2's tokens/s: every row that samples timed in turns in one process "
                        "(results/throughput.json, paper_figures/table2_throughput.md)")
@@ -460,6 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh-anchor", action="store_true",
                    help="train Table 1's control instead: the same recipe with the anchor recomputed at every step "
                    "(no reuse); writes models/dg_fresh")
+    p.add_argument("--replicate", type=int, default=0, metavar="K",
+                   help="train the fusion's (with --fresh-anchor: the control's) K-th replicate (posttrain.seed + K; "
+                   "1 .. posttrain.replicates - 1) under checkpoints/replicates/dg_posttrain[_fresh]-s<seed>, "
+                   "models/replicates/dg_tadm-s<seed> (dg_fresh-s<seed>)")
     _add_restart(p)
     p.set_defaults(func=cmd_dg_posttrain)
 

@@ -87,9 +87,18 @@ def test_the_train_stage_runs_every_network_the_longest_first():
 
     p = config.from_dict(config.render_profile("default"))
     jobs = cli.train_jobs(p, Namespace(runs=[], params="params.yaml", data="data/packed", restart=False))
-    assert [name for name, _, _ in jobs] == [*p.train.models, "evaluator", "dg_base", "asrd_model", "dg_posttrain",
-                                             "dg_posttrain_fresh"]
-    assert jobs[-1][1][-2:] == ["dg-posttrain", "--fresh-anchor"] and "--fresh-anchor" not in jobs[-2][1]
+    replicates = [f"{r}-s{s}" for r in p.train.replicate_models for s in range(1, p.train.replicates)]
+    assert p.train.replicates >= 3 and set(p.train.replicate_models) == {"mdlm", "tadm", "tadm_gamma0"}
+    assert [name for name, _, _ in jobs][:len(p.train.models) + len(replicates) + 5] == [
+        *p.train.models, *replicates, "evaluator", "dg_base", "asrd_model", "dg_posttrain", "dg_posttrain_fresh"]
+    by_name = {name: (argv, c) for name, argv, c in jobs}
+    # a replicate: the same run with --replicate k (seed + k), at the main run's cost
+    assert by_name["tadm-s2"][0][-5:-2] == ["tadm", "--replicate", "2"] and by_name["tadm-s2"][1] == by_name["tadm"][1]
+    assert by_name["dg_posttrain_fresh"][0][-2:] == ["dg-posttrain", "--fresh-anchor"]
+    assert "--fresh-anchor" not in by_name["dg_posttrain"][0]
+    # the fusion replicates (posttrain.replicates), after the tables' fusions
+    fusions = [f"{n}-s{s}" for s in range(1, p.posttrain.replicates) for n in ("dg_posttrain", "dg_posttrain_fresh")]
+    assert [name for name, _, _ in jobs][len(p.train.models) + len(replicates) + 5:] == fusions
     assert set(cli.TRAIN_AFTER) == {"dg_posttrain", "dg_posttrain_fresh"}  # on the frozen base
     assert all(after == ("dg_base",) for after in cli.TRAIN_AFTER.values())
     cost = {name: c for name, _, c in jobs}
@@ -115,9 +124,11 @@ def test_the_train_stage_lists_every_run_of_the_default_profile_and_the_other_ne
     outs = [next(iter(o)) if isinstance(o, dict) else o for o in stage["outs"]]
     runs = config.render_profile("default")["train"]["models"]
     others = {"evaluator", "dg_base", "asrd_mdlm"}
-    assert sorted(o.split("/")[1] for o in outs if o.startswith("models/")) == sorted([*runs, *others, "dg_tadm", "dg_fresh"])
+    assert sorted(o.split("/")[1] for o in outs if o.startswith("models/")) == sorted([*runs, *others, "dg_tadm", "dg_fresh",
+                                                                                      "replicates"])
     assert sorted(o.split("/")[1] for o in outs if o.startswith("checkpoints/")) == \
-        sorted([*runs, *others, "dg_posttrain", "dg_posttrain_fresh"])
+        sorted([*runs, *others, "dg_posttrain", "dg_posttrain_fresh", "replicates"])
+    assert "metrics/train/replicates" in outs
     assert {f"metrics/train/{r}.json" for r in runs} <= {next(iter(m)) for m in stage["metrics"]}
     assert "data/asrd" in outs and "metrics/train/jobs.json" in outs
 
@@ -127,6 +138,14 @@ def test_a_run_outside_train_models_is_one_line():
                          cwd=config.ROOT)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "train.models: has no run 'gpt5'" in out.stderr
+
+
+def test_a_replicate_outside_train_replicates_or_of_several_runs_is_one_line():
+    for argv, message in ((["train", "mdlm", "--replicate", "7"], "train.replicates: is 3: there is no training replicate 7"),
+                          (["train", "mdlm", "tadm", "--replicate", "1"], "--replicate needs exactly one run")):
+        out = subprocess.run([sys.executable, "-m", "tadm", *argv], capture_output=True, text=True, cwd=config.ROOT)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.strip().count("\n") == 0 and message in out.stderr, out.stderr
 
 
 def test_a_run_named_twice_is_one_line():

@@ -23,17 +23,21 @@ RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 DATA_STAGES = ("corpus", "tokenizer", "pack", "sft")
 TRAIN_STAGES = DATA_STAGES + ("train",)
 ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm", "tadm_nofusion")
-STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS) + ("throughput", "sweep", "staleness", "tables", "compute_column")
+STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS)
+          + ("replicates", "throughput", "sweep", "staleness", "tables", "compute_column")
           + ("table1", "asrd", "claims", "stage_times"))
-FIGURES = ("table2.md", "table2.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
+FIGURES = ("table2.md", "table2.csv", "table2_runs.md", "table2_runs.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
            "table1.md", "table1.csv", "table1_frontier.png", "table1_frontier.pdf", "asrd.md", "asrd.csv", "asrd_sweeps.md", "asrd_sweeps.csv", "claims.md", "claims.csv", "claims_summary.md",
            "table2_throughput.md", "stage_times.md")
 DATA_OUTS = ("data/corpus", "data/tokenizer", "data/packed", "data/sft", "data/asrd")
 MODELS = tuple(f"models/{r}" for r in RUNS) + ("models/dg_base", "models/dg_tadm", "models/dg_fresh", "models/asrd_mdlm",
                                                 "models/evaluator")
-OUTS = DATA_OUTS + MODELS + tuple(f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain", "dg_posttrain_fresh", "asrd_mdlm",
-                                                                         "evaluator"))
+OUTS = DATA_OUTS + MODELS + ("models/replicates",) + tuple(
+    f"checkpoints/{r}" for r in RUNS + ("dg_base", "dg_posttrain", "dg_posttrain_fresh", "asrd_mdlm", "evaluator", "replicates"))
+# the micro profile's training replicates (train.replicates 2) and their draws
+REPLICATES = tuple(f"{r}-s1" for r in ("mdlm", "tadm", "tadm_gamma0"))
+REPLICATE_DRAWS = tuple(f"{r}-s1" for r in ("remdm", "tadm", "tadm_gamma0"))
 
 
 def _env() -> dict:
@@ -106,6 +110,13 @@ def test_repro_then_status_clean_and_second_repro_is_a_noop(repo):
     for r in RUNS:
         assert (repo / "models" / r / "model.safetensors").is_file()
         assert (repo / "metrics" / "train" / f"{r}.json").is_file()
+    for r in REPLICATES:
+        assert (repo / "models" / "replicates" / r / "model.safetensors").is_file()
+        assert (repo / "metrics" / "train" / "replicates" / f"{r}.json").is_file()
+        assert (repo / "metrics" / "train" / "replicates" / f"{r}_eval.csv").is_file()
+    for r in REPLICATE_DRAWS:
+        assert (repo / "results" / "replicates" / f"{r}.json").is_file()
+        assert (repo / "samples" / "replicates" / "s1" / r.split("-")[0] / "T16_features.npy").is_file()
     for f in FIGURES:
         assert (repo / "paper_figures" / f).stat().st_size > 0, f
     for report in [f"sample_{r}" for r in ROWS] + ["refresh_sweep", "anchor_staleness", "paper_tables", "table1"]:
@@ -158,8 +169,10 @@ def test_table1_has_the_base_and_every_k_with_numbers(repo):
     assert base.compute_x == 1 and k1.compute_x == 1 and k1.accuracy == base.accuracy  # K = 1 is the base
     assert control.compute_x == 1 and control.delta_control_pts == 0  # the control never reuses its anchor
     n = json.loads((repo / "results" / "table1.json").read_text())["tasks"]["arithmetic"]["n"]
-    # the paired bootstrap over examples has no se from one example
-    assert t1.delta_control_pts.notna().all() and (t1.delta_control_se.ge(0) if n > 1 else t1.delta_control_se.isna()).all()
+    # the paired bootstrap over examples has no se from one example (the control against itself: 0)
+    others = t1.delta_control_se.drop(index=1)
+    assert t1.delta_control_pts.notna().all() and (others.ge(0) if n > 1 else others.isna()).all()
+    assert control.delta_control_se == 0
     assert (t1.delta_pts - t1.delta_control_pts).round(9).eq(round(control.accuracy - base.accuracy, 9)).all()
     T, (s, a, d) = 4, (1, 2, 1)  # the micro profile's steps and split
     for row, K in ((3, 2), (4, 3)):  # decoder-layer calls counted during the runs, as Alg. 1 predicts

@@ -251,6 +251,11 @@ class _CROSS_CHECKS:
     def TrainConfig(c: TrainConfig, p: str, src: str) -> None:
         if c.global_batch % c.micro_batch:
             raise ConfigError(f"{p}.global_batch", f"must be a multiple of micro_batch ({c.micro_batch}), got {c.global_batch}", src)
+        if len(set(c.replicate_models)) != len(c.replicate_models):
+            raise ConfigError(f"{p}.replicate_models", f"must not repeat a run, got {c.replicate_models}", src)
+        outside = [r for r in c.replicate_models if r not in c.models]
+        if outside:
+            raise ConfigError(f"{p}.replicate_models", f"{outside[0]!r} is not in train.models ({c.models})", src)
 
     @staticmethod
     def SampleConfig(c: SampleConfig, p: str, src: str) -> None:
@@ -260,6 +265,13 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.canvas_length", f"must be a multiple of block_size ({c.block_size}), got {c.canvas_length}", src)
         if c.t_off >= c.t_on:
             raise ConfigError(f"{p}.t_off", f"must be < t_on ({c.t_on}), got {c.t_off}", src)
+        for key in ("replicate_rows", "replicate_steps"):
+            values = getattr(c, key)
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{p}.{key}", f"must not repeat a value, got {values}", src)
+        outside = [T for T in c.replicate_steps if T not in c.steps]
+        if outside:
+            raise ConfigError(f"{p}.replicate_steps", f"{outside[0]} is not a sampling budget of steps ({c.steps})", src)
 
     @staticmethod
     def PosttrainConfig(c: PosttrainConfig, p: str, src: str) -> None:
@@ -269,6 +281,17 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.base.num_key_value_heads", f"must divide num_attention_heads ({c.base.num_attention_heads})", src)
         if abs(sum(c.cache_age_probs) - 1.0) > 1e-6:
             raise ConfigError(f"{p}.cache_age_probs", f"must sum to 1, got {sum(c.cache_age_probs):g}", src)
+        for key in ("seeds", "cache_seeds", "refresh_every", "replicate_refresh_every"):
+            values = getattr(c, key)
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{p}.{key}", f"must not repeat a value, got {values}", src)
+        missing = [s for s in c.seeds if c.cache_seeds and s not in c.cache_seeds]
+        if missing:
+            raise ConfigError(f"{p}.cache_seeds", f"must include every seed of posttrain.seeds ({c.seeds}; the cache rows "
+                              f"are paired with TADM's at them), {missing[0]} is missing", src)
+        outside = [k for k in c.replicate_refresh_every if k not in c.refresh_every]
+        if outside:
+            raise ConfigError(f"{p}.replicate_refresh_every", f"{outside[0]} is not a K of refresh_every ({c.refresh_every})", src)
 
     @staticmethod
     def AsrdConfig(c: AsrdConfig, p: str, src: str) -> None:

@@ -17,16 +17,21 @@ from tadm.config.sampling import EvalConfig, SampleConfig
 class ClaimsConfig:
     """The claims table's verdict rules (tadm.experiments.claims), declared before any number is
     read: the threshold of direction claims, the interval of equivalence claims, the power behind
-    the minimum detectable effects, the equivalence margins per metric, and the between-training-run
-    sd of a MAUVE cell added to comparisons of separately trained models (0: none)."""
+    the minimum detectable effects, the equivalence margins per metric, the rule for a family of
+    findings tested at once, and the training-free comparator of TADM:Post-train."""
 
-    z: float = spec(2.0, gt=0.0)  # direction / magnitude: an effect beyond z se
+    z: float = spec(2.0, gt=0.0)  # direction: an effect beyond z se (Student's t at the se's df)
     equivalence_level: float = spec(0.90, gt=0.5, lt=1.0)  # TOST: this two-sided interval inside the margin
     power: float = spec(0.8, gt=0.5, lt=1.0)  # minimum detectable effect and the n for the paper's effect
-    margin_accuracy_pts: float = spec(1.5, gt=0.0)  # accuracy, points
-    margin_mauve: float = spec(0.05, gt=0.0)  # MAUVE, absolute
-    margin_gen_ppl_rel: float = spec(0.05, gt=0.0)  # Gen PPL, relative (5 %: log ratio within log 1.05)
-    training_sd_mauve: float = spec(0.10, ge=0.0)  # one MAUVE cell's sd over training runs
+    margin_accuracy_pts: float = spec(1.5, gt=0.0, le=100.0)  # accuracy, points
+    margin_mauve: float = spec(0.05, gt=0.0, lt=1.0)  # MAUVE, absolute (a 0-1 metric)
+    margin_gen_ppl_rel: float = spec(0.05, gt=0.0, lt=1.0)  # Gen PPL, relative (5 %: log ratio within log 1.05)
+    # several findings resting on one trained checkpoint, tested at once: "holm" (Holm's step-down
+    # over each family's p-values, each side alike) or "none" (each finding alone)
+    family_rule: Literal["holm", "none"] = "holm"
+    # the training-free cache TADM:Post-train is judged against (one of posttrain.cache_methods),
+    # named before the run rather than picked as the most accurate after it
+    training_free_comparator: str = spec("feature", nonempty=True)
 
 
 @dataclass

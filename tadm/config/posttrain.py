@@ -63,6 +63,15 @@ class PosttrainConfig:
     max_context_tokens: int = spec(4096, ge=1)  # training: prompt + earlier canvases, last tokens kept
     checkpoint_every: int = spec(1000, ge=1)
     log_every: int = spec(50, ge=1)
+    # the fusion's held-out loss (its objective on fixed SFT validation canvases with fixed draws),
+    # every val_every steps and at the first and last, written as metrics/posttrain/<run>_eval.csv
+    val_every: int = spec(1000, ge=1)
+    val_canvases: int = spec(256, ge=1)  # validation canvases per evaluation (at most the split's)
+    # fusion replicates: the fusion and the control also train with seeds seed + 1 .. seed +
+    # replicates - 1 (checkpoints/replicates/dg_posttrain-s<seed>, models/replicates/dg_tadm-s<seed>,
+    # ...); the run at `seed` stays the tables' main run. Table 1's accuracy se of the trained rows
+    # takes the between-run variance from them (tadm.metrics.replicates); 1: none
+    replicates: int = spec(1, ge=1)
     # sampling (DiffusionGemma's entropy-bound sampler)
     sample_steps: int = spec(48, ge=1)
     canvas_length: int = spec(256, ge=1)
@@ -85,6 +94,12 @@ class PosttrainConfig:
     # calls at the same K, (s + d - 1) / (L - 1) (tadm.caches.matched_share)
     feature_cache_share: float = spec(0.0, ge=0.0, le=1.0)
     seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
+    # the training-free cache rows' sampling seeds, every seed of `seeds` and more ([]: `seeds`):
+    # they are cheap rows whose accuracy moves most between sampling seeds
+    cache_seeds: list[int] = spec([], ge=0)
+    # the refresh intervals at which Table 1 decodes every fusion replicate (besides the control's
+    # replicates, at K = 1); []: the largest K of refresh_every. The main run decodes at every K
+    replicate_refresh_every: list[int] = spec([], ge=1)
     # seed of the post-train runs (the base's and the fusion's training: initialisation, data
     # order, per-step draws); the paper's is 42 (App. C.1). The SFT data keep the global seed.
     seed: int = spec(42, ge=0)

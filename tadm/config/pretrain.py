@@ -50,3 +50,8 @@ class TrainConfig:
     eval_sequences: int = spec(256, ge=1)  # validation sequences scored at each evaluation
     checkpoint_every: int = spec(10_000, ge=1)
     log_every: int = spec(100, ge=1)
+    # training replicates: each run of replicate_models also trains with seeds seed + 1 ..
+    # seed + replicates - 1 (checkpoints/replicates/<run>-s<seed>); the run at `seed` stays the
+    # one the tables show. The claims' between-run variance comes from them (1: none)
+    replicates: int = spec(1, ge=1)
+    replicate_models: list[Literal["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"]] = spec([])

@@ -31,13 +31,22 @@ class SampleConfig:
     t_off: float = spec(0.05, ge=0.0, lt=1.0)
     alpha_on: float = spec(0.9, gt=0.0, lt=1.0)
     # the throughput stage (tadm.experiments.throughput): every row that samples timed in turns in
-    # one process, throughput_rounds rounds of one batch of throughput_batch sequences per row and budget
-    throughput_rounds: int = spec(5, ge=1)
-    throughput_batch: int = spec(16, ge=1)
+    # one process, throughput_rounds paired rounds at batch throughput_batch (0: batch_size), each
+    # timing whole refresh cycles (lcm of refresh_every steps) from one mid-trajectory state per row
+    # and budget; then throughput_batch1_rounds rounds of the same at batch 1 (0: none)
+    throughput_rounds: int = spec(10, ge=1)
+    throughput_batch: int = spec(0, ge=0)
+    throughput_batch1_rounds: int = spec(5, ge=0)
     # anchor staleness (notebooks/anchor_staleness.ipynb): sequences of its recorded trajectory (the
     # bootstrap's units) and that trajectory's T (0: the canvas length, where Table 2 uses K = 8)
     staleness_samples: int = spec(20, ge=2)
     staleness_steps: int = spec(0, ge=0)
+    # the training replicates' draws (stage replicates): each row here is sampled from every
+    # training replicate of its model (train.replicate_models) at every budget of replicate_steps
+    # (a subset of steps: the findings' budgets), scored like Table 2's row
+    replicate_rows: list[Literal["remdm", "tadm", "tadm_gamma0", "mdlm", "mdlm_fb", "mdlm_dfm", "adlm", "sedd", "ar",
+                                 "tadm_nofusion"]] = spec([])
+    replicate_steps: list[int] = spec([], ge=1)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from tadm import config
 
 OVERLAY = config.PROFILES_DIR / "dry-run" / "paper.yaml"
 # what the pipeline must leave in paper_figures/ (the paper's tables and figures)
-FIGURES = ("table2.md", "table2.csv", "table2_compute.md", "table2_throughput.md", "refresh_sweep.md", "tradeoff.png",
+FIGURES = ("table2.md", "table2.csv", "table2_runs.md", "table2_compute.md", "table2_throughput.md", "refresh_sweep.md", "tradeoff.png",
            "anchor_staleness.png", "anchor_staleness.md", "table1.md", "table1.csv", "table1_frontier.png", "asrd.md", "asrd.csv",
            "asrd_sweeps.md", "claims.md", "claims.csv", "claims_summary.md", "stage_times.md")
 

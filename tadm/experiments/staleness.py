@@ -20,8 +20,10 @@ h_fresh = A(S(z_i)) on the same canvas z_i:
     recovery      1 - kl_fused / kl_bypass: the share of the fusion-bypassed gap that running the
                   fusion on the current canvas closes (1: all of it, 0: none). This is the fusion's
                   own ablation (issue 31): against D(h_stale), not against re-serving a prediction
-    recovery_vs_reused   1 - kl_fused / kl_reused, the former definition, kept for comparison: it
-                  also credits the fusion with what merely seeing the current canvas gives
+    recovery_vs_reused   1 - kl_fused / kl_reused: the share of the gap of re-serving the stale
+                  prediction that Alg. 1 closes (the claims' fusion-recovery finding); it credits
+                  the fusion with all that seeing the current canvas gives, while `recovery` is
+                  the fusion's own ablation
 
 The bypass is out of the denoiser's training distribution even for a fresh anchor (D was trained
 on Phi's output), so kl_bypass is > 0 at age 0 too: the age-0 row is its floor, the cost of
@@ -41,7 +43,7 @@ mean and, as ``<quantity>_se``, the standard deviation over `bootstrap` resample
 num_samples SEQUENCES (drawn with replacement, one seeded generator; every step's value, every
 ratio and every mean recomputed from the resampled sequences), likewise for the growth ratios
 relative to age 1 (``growth_<kl>`` = KL at the age / KL at age 1) and for the mean recovery over
-ages 1..max_age (``recovery_mean``).
+ages 1..max_age (``recovery_mean``, ``recovery_vs_reused_mean``).
 
 Device: `measure(..., dist=)` runs on the device of a `tadm.runtime.Dist` (the notebook's
 runtime setting). The trajectories are sampled under `runtime.autocast` like every sampling run;
@@ -277,17 +279,19 @@ def _aggregate(m: Staleness, weights: np.ndarray) -> dict[str, np.ndarray]:
         for q in GROWTH:
             with np.errstate(divide="ignore", invalid="ignore"):
                 out[f"growth_{q.removeprefix('kl_')}"] = out[q] / out[q][one]
-        aged = out["recovery"][order >= 1]
-        n_ok = np.isfinite(aged).sum(0)
-        mean = np.where(np.isfinite(aged), aged, 0.0).sum(0) / np.maximum(n_ok, 1)
-        out["recovery_mean"] = np.broadcast_to(np.where(n_ok > 0, mean, np.nan), out["recovery"].shape)
+        for q in DERIVED:  # the mean over ages 1..max_age: recovery_mean, recovery_vs_reused_mean
+            aged = out[q][order >= 1]
+            n_ok = np.isfinite(aged).sum(0)
+            mean = np.where(np.isfinite(aged), aged, 0.0).sum(0) / np.maximum(n_ok, 1)
+            out[f"{q}_mean"] = np.broadcast_to(np.where(n_ok > 0, mean, np.nan), out[q].shape)
     return out
 
 
 def summary(m: Staleness, bootstrap: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED):
     """One line per cache age (index "age"): the mean over the recorded steps of every quantity
     (QUANTITIES), the growth ratios relative to age 1 (growth_fused, growth_bypass, growth_reused)
-    and the mean recovery over ages 1..max_age (recovery_mean, the same on every line), each with
+    and the mean recoveries over ages 1..max_age (recovery_mean, recovery_vs_reused_mean, the same on
+    every line), each with
     ``<column>_se``: its standard deviation over `bootstrap` resamples of the SEQUENCES (module
     docstring; one generator seeded with `seed`)."""
     import pandas as pd

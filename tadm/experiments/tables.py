@@ -240,3 +240,50 @@ def tradeoff_figure(table2: list[dict], sweep: list[dict] | None = None):
 
 __all__ = ["read_results", "read_throughput", "with_throughput", "long_frame", "metrics_dict", "table2_frame", "sweep_frame", "to_markdown", "write_table", "save_figure",
            "tradeoff_figure"]
+
+
+def replicate_runs_frame(table2: list[dict], replicates: list[dict], seed: int) -> pd.DataFrame:
+    """One line per (row, T, training run) of the rows drawn from training replicates
+    (results/replicates/<row>-s<seed>.json, `tadm.experiments.replicates`) -- the tables' own run
+    (`seed`, from `table2`) and every replicate -- with MAUVE, Gen PPL and entropy."""
+    main = {r["row"]: r for r in table2}
+    lines = []
+    for r in replicates:
+        for T, m in r["budgets"].items():
+            for s, cell in ((seed, main.get(r["row"], {}).get("budgets", {}).get(T)), (r["seed"], m)):
+                if cell is not None:
+                    lines.append({"row": r["row"], "label": ROWS[r["row"]].label, "T": int(T), "seed": s,
+                                  **{k: cell.get(k) for k in ("mauve", "gen_ppl", "entropy")}})
+    return pd.DataFrame(lines).drop_duplicates(["row", "T", "seed"]).sort_values(["row", "T", "seed"]).reset_index(drop=True)
+
+
+def replicate_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (row, T): the training runs' count and each metric's mean and sd over them (Gen PPL:
+    the geometric mean and the sd of log Gen PPL, the scale the findings test on)."""
+    import numpy as np
+
+    out = []
+    for (row, T), g in runs.groupby(["row", "T"], sort=False):
+        logs = np.log(g.gen_ppl.astype(float))
+        out.append({"Method": ROWS[row].label, "T": T, "runs": len(g), "seeds": ", ".join(map(str, g.seed)),
+                    "mauve": g.mauve.mean(), "mauve_sd": g.mauve.std(ddof=1),
+                    "gen_ppl": float(np.exp(logs.mean())), "log_gen_ppl_sd": logs.std(ddof=1),
+                    "entropy": g.entropy.mean(), "entropy_sd": g.entropy.std(ddof=1)})
+    return pd.DataFrame(out).set_index("Method")
+
+
+def write_replicates(runs: pd.DataFrame | None, out: str | Path, name: str = "table2_runs", caption: str = "") -> None:
+    """<out>/<name>.md (mean ± sd over training runs per row and T) and <name>.csv (every run);
+    `runs` None (no training replicates): files that say so."""
+    if runs is None:
+        atomic_write_text(Path(out) / f"{name}.md", (f"{caption}\n\n" if caption else "")
+                          + "No training replicates at this profile (train.replicates = 1).\n")
+        atomic_write_text(Path(out) / f"{name}.csv", "row,label,T,seed,mauve,gen_ppl,entropy\n")
+        return
+    s = replicate_summary(runs)
+    md = s[["T", "runs", "seeds"]].copy()
+    md["MAUVE ↑ (mean ± sd)"] = [_pm(v, e) for v, e in zip(s.mauve, s.mauve_sd)]
+    md["Gen PPL ↓ (geometric mean, sd of log)"] = [f"{v:,.1f} (± {e:.3f})" for v, e in zip(s.gen_ppl, s.log_gen_ppl_sd)]
+    md["Entropy (mean ± sd)"] = [_pm(v, e) for v, e in zip(s.entropy, s.entropy_sd)]
+    atomic_write_text(Path(out) / f"{name}.md", (f"{caption}\n\n" if caption else "") + to_markdown(md))
+    atomic_write_text(Path(out) / f"{name}.csv", runs.to_csv(index=False))

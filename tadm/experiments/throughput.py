@@ -4,53 +4,118 @@ Each Table 2 row stage (`tadm.experiments.table2.run_row`) also records the toke
 draw, but the rows run in separate stages minutes apart on a shared machine, so their speeds mix
 the methods with the machine's drift (MDLM, MDLM+FB and SEDD -- the same network, the same layer
 calls -- read 13-15 % apart). The `throughput` stage (``python -m tadm throughput``) times them
-against each other instead:
+against each other instead.
 
-- every row of `ROWS` that samples (``model`` not None: not Data), with the sampler, model
-  directory (``models/<row.model>``), fusion setting, device and autocast of its row stage: each
-  timed call IS `tadm.experiments.sampling.draw_samples` (one batch of ``sample.throughput_batch``
-  sequences seeded with ``seed``, i.e. batch seed 0), at every budget T of ``sample.steps`` with
-  that budget's K (``sample.refresh_every``); nothing is scored or saved;
-- every model directory is loaded once up front (the calls reuse the loaded module), and every
-  row makes one untimed warm-up call (the timing batch at the first budget) before any timing;
-- ``sample.throughput_rounds`` rounds. In round r every budget is timed, and at each budget every
-  row once, in turns: the order starts at row r mod n and runs forward through the rows on even
-  rounds and backward on odd ones, so each row goes first once in n rounds and a pair's order
-  flips from one round to the next (but where the cycle wraps). The time of a call is the sampler loop's own (``record["seconds"]``, what the
-  row stages' tokens/s divide by): model loading and the counters' bookkeeping are outside it.
+What is timed. Every row of `ROWS` that samples (``model`` not None: not Data), with the sampler,
+model directory (``models/<row.model>``), refresh policy, fusion setting, device, autocast and
+weight cast of its row stage (`tadm.experiments.sampling`: `prepare_model`, `sampler_settings`,
+`SampleRun.refresh_for`, `make_adapter`), at every budget T of ``sample.steps`` with that budget's
+K (``sample.refresh_every``), on a batch of ``sample.throughput_batch`` sequences (0: the row
+stages' ``sample.batch_size``, 64 in the default profile) seeded like the row stage's first batch
+(batch seed 0 = ``seed``). A whole draw per row, budget and round would cost minutes per round at
+that batch, so a round times a *window* of every diffusion row's trajectory instead:
 
-The timing batch sets the absolute tokens/s (the default profile times 8 sequences, not the row
-stages' 64, to keep the stage near 2 minutes; the paper profile times the row stages' batch); the
-ratios compare the rows on the same batch.
+- the window is W = lcm(sample.refresh_every) reverse steps (8 in the default and paper profiles),
+  whole refresh cycles of every budget's K, from the common step s = W (`start_step`; 0 when
+  T < 2W), so every row is timed over the same steps W..2W-1 of its own trajectory and TADM's
+  rows make their anchor refresh exactly once per K steps inside it, at the steps where the whole
+  draw makes them (s is a multiple of every K). Where the window starts hardly matters to its
+  cost: measured paired on random-weight models of the default profile's size (T = 64, batch 64;
+  MDLM, ReMDM, ADLM, TADM, MDLM+DFM; 1 thread), windows from s = 0, T/8, T/4, T/2 and 3T/4 cost
+  the same within +-5 % with no trend (the network body, on the whole canvas, is most of a step);
+  s = W keeps the untimed run to the start to one window, and past the trajectory's first step;
+- the state at step s is made once per row, budget and batch before any timing: the row's own
+  sampler runs its real trajectory from the all-mask canvas to step s and pauses there
+  (`tadm.sampling.sample(..., stop=s)`, `tadm.sampling.base` point 8: the canvas, the generator,
+  the sampler's and the adapter's state, TADM's anchor cache included); every timed call resumes
+  from that same state and stops after W steps (``sample(..., start=paused, stop=s + W)``), so a
+  row does the very same work, bit for bit, in every round (``same_every_round``) and its
+  window is the whole draw's steps s..s+W-1;
+- a window's seconds stand for the whole trajectory scaled by its number of steps: tokens/s =
+  B L / (seconds x S / W) with S = T (DFM: its longer grid, `tadm.sampling.correctors.dfm_grid`).
+  This assumes the steps of a trajectory cost alike: the network body runs on the whole canvas
+  at every step; only the output head, the nucleus draw (on the decoding rows) and TADM's
+  refreshes vary, and the refreshes fall in the window as often as in the whole draw;
+- AR cannot be paused mid-trajectory cleanly (its own KV-cached loop, `tadm.sampling.ar`, has
+  no T and a step's cost grows with the prefix it attends to), so its timed call is its whole
+  draw, the row stage's first batch (L - 1 one-position forwards; at the default profile's
+  batch 64 about 0.6 of a window's cost); its tokens/s is B L / seconds, and it is the one row
+  not timed over W steps. Its draw does not depend on T (its row stage draws once and saves it
+  under every budget), so a round times it once, in its turn at the first budget, and every
+  budget of the round reads that call.
+
+Rounds. Every model directory is loaded once up front; the paused states of every row and
+budget are made before any timing, and those untimed runs to s(T), at the batch that is then
+timed, warm the rows up (AR, and a row whose window starts at step 0, make one untimed call
+instead); then ``sample.throughput_rounds`` rounds: in round r every budget is timed, and at
+each budget every row once, in turns: the order starts at row r mod n and runs forward through
+the rows on even rounds and backward on odd ones, so each row goes first once in n rounds and a
+pair's order flips from one round to the next (but where the cycle wraps). The time of a call is
+the sampler loop's own (``SampleResult.seconds``): model loading, the adapter's hooks and the
+paused state's setup are outside it. Batch 1 (``sample.throughput_batch1_rounds`` rounds, 0 =
+off) is then timed the same way, with its own paused states (batch 1, seed ``seed``), warm-up
+and rounds.
 
 Per budget it reports each row's median tokens/s over the rounds (± the bootstrap sd of that
 median over rounds) and its speed relative to ADLM and to MDLM as the median over rounds of the
 paired per-round ratios (row tokens/s / reference tokens/s in the same round, seconds apart),
 ± its bootstrap se over rounds -- `tadm.metrics.bootstrap.paired_speedup`, Table 1's estimator.
-:func:`paired_ratio` reads (or, for another reference, computes) one such ratio.
+Beside each ratio: the FLOP-bound speed-up, the reference's FLOPs per generated token over the
+row's, both counted by the sampling counters (`tadm.sampling.counters.ComputeCounter`, the
+FLOPs of `record["counters"]`) during the very calls that were timed and scaled to a trajectory
+like the seconds, and measured / bound (benchmarks/sample_throughput.py's definition: 1 = the
+row is exactly as much faster as its FLOPs allow). :func:`paired_ratio` reads (or, for another
+reference, computes) one measured ratio, :func:`bound_ratio` one FLOP-bound one, :func:`batch1_ratio`
+the measured one at batch 1 (None without a batch-1 timing).
 
-results/throughput.json (``FORMAT`` 1)::
+Cost (default profile, random-weight models of its size, 10 rows, T = 64 and 128, W = 8, batch
+64, 10 rounds and 5 batch-1 rounds): 107 s at 1 thread on a free core of the 2-core machine, 95 s
+of it the batch-64 windows (10 rounds x 2 budgets x 9 windows of 8 x 64 sequence-steps, plus AR),
+2 s batch 1, 9 s loading and the paused states; the previous design (4 rounds of one whole
+8-sequence draw per row and budget) took 57 s in the same conditions. A call's fixed cost (its
+settings, conditioning vectors, the resumed state; 0.1-0.2 ms) is under 1 % of even a batch-1
+window (~17 ms).
 
-    {"format": 1,
+results/throughput.json (``FORMAT`` 2)::
+
+    {"format": 2,
      "rows": [row, ...],                      # the timed rows, in ROWS order
      "references": ["adlm", "mdlm"],          # the rows every ratio is also given against
-     "rounds": R, "batch": b, "seq_len": L,   # R rounds of one b-sequence batch per row and budget
+     "rounds": R, "batch": b, "seq_len": L,   # R rounds at batch b (sample.throughput_batch or batch_size)
+     "window": W,                             # reverse steps timed per diffusion row, budget and round
+     "start_steps": {"<T>": s},               # where every row's window starts, per budget
      "seed": s, "device": <the device, e.g. cuda:0>, "precision": "bf16", "autocast": "bf16"|"fp32",
      "threads": torch threads, "processes": 1,
-     "warmup": {"T": first budget, "seconds": {row: s}},
-     "schedule": [[round, T, row], ...],      # every timed call, in the order it ran
-     "seconds": total wall seconds of the stage's timing (warm-up included),
+     "warmup": {"T": first budget, "seconds": {row: s}},   # the untimed run to s(T) (AR: a draw)
+     "schedule": [[round, T, row], ...],      # every timed call, in the order it ran (AR: first budget only)
      "budgets": {"<T>": {
          "T": T, "K": K,
          "rounds": [{"round": r, "order": [row, ...], "seconds": {row: s}}, ...],   # R entries
          "rows": {row: {
              "label": Table 2's label, "model_dir": "models/<model>", "sampler": ..., "policy": ...|null,
-             "bypass_fusion": bool, "tokens": tokens per call (b x L),
-             "tokens_sha256": SHA-256 of the first round's int64 tokens (the row stage's first
-                              batch when sample.throughput_batch = sample.batch_size),
-             "seconds": [s per round, round order], "tokens_per_s": [tok/s per round],
+             "bypass_fusion": bool, "tokens": b x L (the tokens of the trajectory a call stands for),
+             "timed": "window" | "draw",      # AR: its whole draw
+             "start_step": s | null, "steps_timed": W (AR: L - 1), "trajectory_steps": S (AR: L - 1),
+             "scale": S / W (1 for a draw),   # a call's seconds x scale = the trajectory's seconds
+             "start_sha256": SHA-256 of the int64 canvas the window starts from | null,
+             "masked_at_start": fraction of that canvas still masked | null,
+             "tokens_sha256": SHA-256 of the int64 canvas at the end of the timed call (AR: the row
+                              stage's first batch when the batch is sample.batch_size),
+             "same_every_round": whether every round ended on that same canvas,
+             "refresh_steps": [trajectory steps of the anchor refreshes inside the window] | null,
+             "counters": what the timed call's ComputeCounter counted (model_calls, reused_calls,
+                         anchor_calls, anchor/denoiser_layer_calls, layer_calls, flops, layer_tokens),
+             "flops_per_token": counters.flops x scale / tokens,
+             "seconds": [s per round, round order], "tokens_per_s": [tokens / (s x scale) per round],
              "tokens_per_s_median": median over rounds, "tokens_per_s_se": bootstrap sd of it | null,
-             "vs": {ref: {"ratio": median of paired per-round ratios, "se": bootstrap se | null}}}}}}}
+             "vs": {ref: {"ratio": median of paired per-round ratios, "se": bootstrap se | null,
+                          "bound": ref flops_per_token / row flops_per_token | null,
+                          "measured_over_bound": ratio / bound | null,
+                          "measured_over_bound_se": se / bound | null}}}}}},
+     "batch1": {"batch": 1, "rounds": R1, "warmup": ..., "schedule": ..., "budgets": ...} | null,
+                                              # the same at batch 1 (null: throughput_batch1_rounds 0)
+     "setup_seconds": wall seconds of loading and the paused states' trajectories,
+     "seconds": total wall seconds of the stage (setup, warm-ups and rounds)}
 
 ``write_table`` writes paper_figures/table2_throughput.md from it; Table 2's tokens/s and
 "vs ADLM" columns read it (`tadm.experiments.tables.table2_frame`).
@@ -58,28 +123,34 @@ results/throughput.json (``FORMAT`` 1)::
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import hashlib
 import math
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from tadm import runtime
-from tadm.config import Params, override
+from tadm.config import Params
 from tadm.errors import DataError
 from tadm.experiments import sampling
 from tadm.experiments.table2 import ROWS
 from tadm.io import atomic_write_json, atomic_write_text
 from tadm.metrics.bootstrap import paired_speedup, resamples, spread
 
-FORMAT = 1
+FORMAT = 2
 OUT = Path("results/throughput.json")
 TABLE = Path("paper_figures/table2_throughput.md")
 REFERENCES = ("adlm", "mdlm")
+# what a timed call's ComputeCounter counted (a resumed window books no trajectory, so its per-token
+# and per-trajectory fields would not be that; flops_per_token below is the window's, scaled)
+CALL_COUNTERS = ("model_calls", "reused_calls", "anchor_calls", "anchor_layer_calls", "denoiser_layer_calls",
+                 "layer_calls", "flops", "layer_tokens")
 
 
 def timed_rows(rows=None) -> list[str]:
@@ -101,37 +172,111 @@ def sample_run(name: str, models_dir: str | Path = "models") -> sampling.SampleR
     return sampling.SampleRun(name, str(Path(models_dir) / row.model), row.sampler, bypass_fusion=row.bypass_fusion)
 
 
-@contextlib.contextmanager
-def models_loaded_once(model_dirs: list[str], device) -> Iterator[dict[str, Any]]:
-    """Load each model directory once; inside the block, `draw_samples` gets the loaded module
-    back for those directories instead of reading the files again (its only loader,
-    `sampling.load_pretrained`, is swapped for the block's duration; samplers never write the
-    weights: they run under inference_mode)."""
-    real = sampling.load_pretrained
-    loaded = {str(d): real(d, map_location=device) for d in dict.fromkeys(map(str, model_dirs))}
+def window_steps(refresh_every) -> int:
+    """W: the reverse steps timed per row, budget and round, lcm of every budget's K (whole
+    refresh cycles at every budget)."""
+    return math.lcm(*(int(k) for k in refresh_every))
 
-    def load(directory, map_location=runtime.CPU):
-        model = loaded.get(str(directory))
-        return model if model is not None else real(directory, map_location=map_location)
 
-    sampling.load_pretrained = load
-    try:
-        yield loaded
-    finally:
-        sampling.load_pretrained = real
+def start_step(T: int, window: int) -> int:
+    """s(T): where every row's window starts, the end of the trajectory's first window (step
+    `window`), or step 0 when T holds fewer than two windows. DataError when the window does not
+    fit in T steps."""
+    if window > T:
+        raise DataError(f"throughput: budget T={T} is shorter than the timed window of {window} steps "
+                        "(lcm of sample.refresh_every)")
+    return window if T >= 2 * window else 0
+
+
+def timing_batch(cfg) -> int:
+    """The batch every row is timed at: sample.throughput_batch, or sample.batch_size when it is 0."""
+    return int(cfg.throughput_batch or cfg.batch_size)
+
+
+def _sha(tokens) -> str:
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(tokens), np.int64).tobytes()).hexdigest()
+
+
+@dataclass
+class Timed:
+    """One row at one budget and batch, ready to time: `call()` runs the timed call and returns
+    its `SampleResult` (seconds, counters, tokens, refresh steps); `info` holds the JSON row's
+    fixed fields."""
+
+    name: str
+    call: Callable[[], Any]
+    info: dict[str, Any]
+    warmup: float | None = None  # seconds of the untimed run to the window's start (None: none ran)
+
+
+def prepare(name: str, spec: sampling.SampleRun, model, params: Params, d: runtime.Dist, T: int, batch: int,
+            start: int, window: int, bos_id: int) -> Timed:
+    """Row `name` (its `SampleRun` and loaded, prepared model) at budget T and `batch`: for a
+    diffusion model its trajectory is run to step `start` and paused there (not timed); the call
+    resumes from that state for `window` steps. AR: its whole draw."""
+    from tadm.sampling import make_adapter, sample, sample_ar
+
+    cfg, L = params.sample, model.seq_len
+    if cfg.canvas_length != L:
+        raise DataError(f"sample.canvas_length={cfg.canvas_length} but {spec.model_dir} was trained with L={L}")
+    autocast, seed = sampling.network_autocast(d), sampling.batch_seed(params.seed, 0)
+    row = ROWS[name]
+    info: dict[str, Any] = {"label": row.label, "model_dir": spec.model_dir, "policy": None,
+                            "bypass_fusion": spec.bypass_fusion, "tokens": batch * L}
+    if model.model_type == "ar":
+        def draw():
+            return sample_ar(model, batch, L, bos_id=bos_id, nucleus_p=cfg.nucleus_p, seed=seed, batch_size=batch,
+                             autocast=autocast)
+
+        info.update(sampler="ar", timed="draw", start_step=None, steps_timed=L - 1, trajectory_steps=L - 1, scale=1.0,
+                    start_sha256=None, masked_at_start=None)
+        return Timed(name, draw, info)
+    refresh = spec.refresh_for(params, T) if model.model_type == "tadm" else None
+    settings = dataclasses.replace(sampling.sampler_settings(spec, params, T, autocast), seed=seed, batch_size=batch)
+    s = int(start)
+    with make_adapter(model, refresh, bypass_fusion=spec.bypass_fusion) as adapter:
+        before = sample(adapter, settings, num_samples=batch, seq_len=L, stop=s)
+    paused = before.paused
+    if s + window > paused.total:
+        raise DataError(f"throughput: row {name} at T={T} has {paused.total} steps, fewer than {s} + {window}")
+
+    def resume():
+        with make_adapter(model, refresh, bypass_fusion=spec.bypass_fusion) as adapter:
+            return sample(adapter, settings, num_samples=batch, seq_len=L, start=paused, stop=s + window)
+
+    canvas = runtime.host(paused.z).numpy()
+    info.update(sampler=settings.sampler, policy=repr(refresh) if refresh is not None else None, timed="window",
+                start_step=s, steps_timed=window, trajectory_steps=paused.total, scale=paused.total / window,
+                start_sha256=_sha(canvas), masked_at_start=float((canvas == model.mask_id).mean()))
+    return Timed(name, resume, info, before.seconds if s else None)
 
 
 def _none_if_nan(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
+def _trajectory_seconds(row: dict) -> list[float]:
+    """A row's per-round seconds scaled to its whole trajectory (`scale`; 1 when absent)."""
+    scale = float(row.get("scale", 1.0))
+    return [s * scale for s in row["seconds"]]
+
+
 def ratio_vs(row: dict, ref: dict) -> tuple[float, float | None]:
     """Median over rounds of row tokens/s / ref tokens/s in the same round, and its bootstrap se
-    (None with one round): `paired_speedup` of the two rows' per-round seconds (the ref's scaled
-    by the tokens ratio, 1 when both time the same batch)."""
+    (None with one round): `paired_speedup` of the two rows' per-round trajectory seconds (the
+    ref's scaled by the tokens ratio, 1 when both time the same batch)."""
     scale = row["tokens"] / ref["tokens"]
-    ratio, se = paired_speedup([s * scale for s in ref["seconds"]], row["seconds"])
+    ratio, se = paired_speedup([s * scale for s in _trajectory_seconds(ref)], _trajectory_seconds(row))
     return float(ratio), _none_if_nan(se)
+
+
+def flop_bound(row: dict, ref: dict) -> float | None:
+    """The speed-up over `ref` that `row`'s counted FLOPs allow: ref FLOPs per generated token over
+    row's (None when either was not counted)."""
+    a, b = ref.get("flops_per_token"), row.get("flops_per_token")
+    if not a or not b:
+        return None
+    return float(a) / float(b)
 
 
 def median_se(values: list[float], B: int = 1000) -> float | None:
@@ -143,11 +288,12 @@ def median_se(values: list[float], B: int = 1000) -> float | None:
 
 
 def summarize(budget: dict, references=REFERENCES) -> None:
-    """Fill each row of one budget (its "seconds" and "tokens" per call) with tokens/s per round,
-    their median (± se) and the paired ratios against each reference row present."""
+    """Fill each row of one budget (its "seconds", "tokens" per call and optionally "scale" and
+    "flops_per_token") with tokens/s per round, their median (± se) and, against each reference
+    row present, the paired ratio, the FLOP bound and measured / bound."""
     rows = budget["rows"]
     for row in rows.values():
-        row["tokens_per_s"] = [row["tokens"] / s for s in row["seconds"]]
+        row["tokens_per_s"] = [row["tokens"] / s for s in _trajectory_seconds(row)]
         row["tokens_per_s_median"] = float(statistics.median(row["tokens_per_s"]))
         row["tokens_per_s_se"] = median_se(row["tokens_per_s"])
     for row in rows.values():
@@ -155,25 +301,117 @@ def summarize(budget: dict, references=REFERENCES) -> None:
         for ref in references:
             if ref in rows:
                 ratio, se = ratio_vs(row, rows[ref])
-                row["vs"][ref] = {"ratio": ratio, "se": se}
+                bound = flop_bound(row, rows[ref])
+                row["vs"][ref] = {"ratio": ratio, "se": se, "bound": bound,
+                                  "measured_over_bound": None if bound is None else ratio / bound,
+                                  "measured_over_bound_se": None if bound is None or se is None else se / bound}
 
 
-def paired_ratio(result: dict, T: int, row: str, ref: str) -> tuple[float, float | None]:
+def _section(result: dict, batch: int | None) -> tuple[dict, str]:
+    """The timing of `batch` in a result (None: the main one) and how to name it in errors."""
+    if batch is None or batch == result.get("batch"):
+        return result, "results/throughput.json"
+    other = result.get("batch1")
+    if batch == 1 and other is not None:
+        return other, "results/throughput.json (batch 1)"
+    raise KeyError(f"results/throughput.json has no timing at batch {batch} (it has {result.get('batch')}"
+                   + (", 1" if other is not None else "") + ")")
+
+
+def _rows_at(result: dict, T: int, names, batch: int | None) -> dict:
+    section, where = _section(result, batch)
+    budget = section["budgets"].get(str(int(T)))
+    if budget is None:
+        raise KeyError(f"{where} has no budget T={T} (it has {sorted(section['budgets'], key=int)})")
+    rows = budget["rows"]
+    for name in names:
+        if name not in rows:
+            raise KeyError(f"{where} has no row {name!r} at T={T} (it has {sorted(rows)})")
+    return rows
+
+
+def paired_ratio(result: dict, T: int, row: str, ref: str, *, batch: int | None = None) -> tuple[float, float | None]:
     """`row`'s throughput over `ref`'s at budget T in a throughput result (results/throughput.json):
     the median over rounds of the paired per-round tokens/s ratios and its bootstrap se (None with
     one round). Read from the result when it holds it (references adlm, mdlm), else computed from
-    the per-round seconds the same way. KeyError when T, `row` or `ref` was not timed."""
-    budget = result["budgets"].get(str(int(T)))
-    if budget is None:
-        raise KeyError(f"results/throughput.json has no budget T={T} (it has {sorted(result['budgets'], key=int)})")
-    rows = budget["rows"]
-    for name in (row, ref):
-        if name not in rows:
-            raise KeyError(f"results/throughput.json has no row {name!r} at T={T} (it has {sorted(rows)})")
+    the per-round seconds the same way. `batch`: None (the main timing) or 1 (the batch-1 one).
+    KeyError when T, `row`, `ref` or the batch was not timed."""
+    rows = _rows_at(result, T, (row, ref), batch)
     stored = rows[row].get("vs", {}).get(ref)
     if stored is not None:
         return float(stored["ratio"]), _none_if_nan(stored["se"])
     return ratio_vs(rows[row], rows[ref])
+
+
+def bound_ratio(result: dict, T: int, row: str, ref: str, *, batch: int | None = None) -> float | None:
+    """The FLOP-bound speed-up of `row` over `ref` at budget T: ref's counted FLOPs per generated
+    token over row's, from the timed calls (None when not counted). measured / FLOP-bound is
+    ``paired_ratio(...)[0] / bound_ratio(...)``. KeyError as `paired_ratio`."""
+    rows = _rows_at(result, T, (row, ref), batch)
+    stored = rows[row].get("vs", {}).get(ref)
+    if stored is not None and "bound" in stored:
+        return _none_if_nan(stored["bound"])
+    return flop_bound(rows[row], rows[ref])
+
+
+def batch1_ratio(result: dict, T: int, row: str, ref: str) -> tuple[float, float | None] | None:
+    """`paired_ratio` at batch 1 (the batch-1 timing, ``sample.throughput_batch1_rounds``), or None
+    when the result has no batch-1 timing of T, `row` and `ref`."""
+    if not result.get("batch1"):
+        return None
+    try:
+        return paired_ratio(result, T, row, ref, batch=1)
+    except KeyError:
+        return None
+
+
+def _time_rounds(timers: dict[int, dict[str, Timed]], refresh: dict[int, int], rows: list[str],
+                 rounds: int) -> dict[str, Any]:
+    """The warm-up and `rounds` paired rounds over `timers` ({T: {row: Timed}}, K = refresh[T]);
+    the section's "warmup", "schedule" and "budgets" (summarized)."""
+    budgets = list(timers)
+    out: dict[str, Any] = {"warmup": {"T": budgets[0], "seconds": {}}, "schedule": [], "budgets": {}}
+    for name in rows:  # warm-up: the untimed runs to the windows' start, or one untimed call
+        first = timers[budgets[0]][name]
+        out["warmup"]["seconds"][name] = first.warmup if first.warmup is not None else first.call().seconds
+    ends: dict[tuple[int, str], set[str]] = {}
+    for T in budgets:
+        out["budgets"][str(T)] = {"T": T, "K": int(refresh[T]), "rounds": [], "rows": {}}
+    for r in range(rounds):
+        order = round_order(rows, r)
+        drawn: dict[str, Any] = {}  # this round's call of each row that does not depend on T (AR)
+        for T in budgets:
+            budget = out["budgets"][str(T)]
+            this_round = {"round": r, "order": order, "seconds": {}}
+            for name in order:
+                timed = timers[T][name]
+                if timed.info["timed"] == "draw" and name in drawn:
+                    res = drawn[name]  # the same draw at every budget, as its row stage saves it
+                else:
+                    res = timed.call()
+                    out["schedule"].append([r, T, name])
+                    if timed.info["timed"] == "draw":
+                        drawn[name] = res
+                this_round["seconds"][name] = res.seconds
+                end = _sha(runtime.host(res.tokens).numpy())
+                ends.setdefault((T, name), set()).add(end)
+                entry = budget["rows"].get(name)
+                if entry is None:
+                    counters = {k: v for k, v in res.counters.as_dict().items() if k in CALL_COUNTERS}
+                    refresh = None
+                    if res.refresh_steps is not None and timed.info["start_step"] is not None:
+                        refresh = [i for i in res.refresh_steps[0] if i >= timed.info["start_step"]]
+                    entry = budget["rows"][name] = {
+                        **timed.info, "tokens_sha256": end, "refresh_steps": refresh, "counters": counters,
+                        "flops_per_token": counters["flops"] * timed.info["scale"] / timed.info["tokens"],
+                        "seconds": []}
+                entry["seconds"].append(res.seconds)
+            budget["rounds"].append(this_round)
+    for T in budgets:
+        for name, entry in out["budgets"][str(T)]["rows"].items():
+            entry["same_every_round"] = len(ends[(T, name)]) == 1
+        summarize(out["budgets"][str(T)])
+    return out
 
 
 def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows: list[str] | None = None,
@@ -189,53 +427,45 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
         raise DataError(f"throughput: {', '.join(map(repr, unknown))} is not a Table 2 row that samples "
                         f"(those are {', '.join(timed_rows())})")
     budgets = [int(T) for T in cfg.steps]
+    W = window_steps(cfg.refresh_every)
+    starts = {T: start_step(T, W) for T in budgets}
     d = dist or runtime.setup(params.runtime)
     if d.world != 1:
         raise DataError("throughput: the rows are timed against each other in one process; run it without torchrun")
-    # the timed call: one batch of throughput_batch sequences, batch seed 0 (= params.seed)
-    p = override(params, {"sample.batch_size": cfg.throughput_batch, "sample.num_samples": cfg.throughput_batch})
     runs = {name: sample_run(name, models_dir) for name in rows}
     for name, spec in runs.items():
         if not Path(spec.model_dir).is_dir():
             raise DataError(f"throughput: {spec.model_dir} (row {name}) does not exist: run the train stage first")
     import torch
 
-    start = time.perf_counter()
+    t0 = time.perf_counter()
+    batch = timing_batch(cfg)
     result: dict[str, Any] = {
         "format": FORMAT, "rows": rows, "references": [r for r in REFERENCES if r in rows],
-        "rounds": cfg.throughput_rounds, "batch": cfg.throughput_batch, "seq_len": cfg.canvas_length,
+        "rounds": cfg.throughput_rounds, "batch": batch, "seq_len": cfg.canvas_length, "window": W,
+        "start_steps": {str(T): s for T, s in starts.items()},
         "seed": params.seed, "device": str(d.device), "precision": d.precision,
-        "autocast": sampling.network_autocast(d), "threads": torch.get_num_threads(), "processes": 1,
-        "warmup": {"T": budgets[0], "seconds": {}}, "schedule": [], "budgets": {}}
-    for T, K in zip(budgets, cfg.refresh_every):
-        result["budgets"][str(T)] = {"T": T, "K": int(K), "rounds": [], "rows": {}}
-    with models_loaded_once([s.model_dir for s in runs.values()], d.device):
-        for name in rows:  # warm-up: untimed
-            _, record = sampling.draw_samples(runs[name], p, budgets[0], bos_id=bos_id, dist=d)
-            result["warmup"]["seconds"][name] = record["seconds"]
-        for r in range(cfg.throughput_rounds):
-            order = round_order(rows, r)
-            for T in budgets:
-                budget = result["budgets"][str(T)]
-                this_round = {"round": r, "order": order, "seconds": {}}
-                for name in order:
-                    tokens, record = sampling.draw_samples(runs[name], p, T, bos_id=bos_id, dist=d)
-                    result["schedule"].append([r, T, name])
-                    this_round["seconds"][name] = record["seconds"]
-                    entry = budget["rows"].get(name)
-                    if entry is None:
-                        row = ROWS[name]
-                        entry = budget["rows"][name] = {
-                            "label": row.label, "model_dir": runs[name].model_dir, "sampler": record["sampler"],
-                            "policy": record.get("policy"), "bypass_fusion": bool(record.get("bypass_fusion", False)),
-                            "tokens": int(tokens.size),
-                            "tokens_sha256": hashlib.sha256(np.ascontiguousarray(tokens, np.int64).tobytes()).hexdigest(),
-                            "seconds": []}
-                    entry["seconds"].append(record["seconds"])
-                budget["rounds"].append(this_round)
-    for budget in result["budgets"].values():
-        summarize(budget)
-    result["seconds"] = time.perf_counter() - start
+        "autocast": sampling.network_autocast(d), "threads": torch.get_num_threads(), "processes": 1}
+    models = {}  # each model directory loaded and prepared (weights cast) once; kept with its CUDA-graph handle
+    for spec in runs.values():
+        if spec.model_dir not in models:
+            models[spec.model_dir] = sampling.prepare_model(
+                sampling.load_pretrained(spec.model_dir, map_location=d.device), params, d)
+    setup = time.perf_counter() - t0
+    refresh = dict(zip(budgets, cfg.refresh_every))
+    sections = [(batch, cfg.throughput_rounds)] + ([(1, cfg.throughput_batch1_rounds)] if cfg.throughput_batch1_rounds
+                                                   else [])
+    timed = {}
+    for b, rounds in sections:
+        t = time.perf_counter()  # the paused states: each row's trajectory to s(T), untimed
+        ready = {T: {name: prepare(name, runs[name], models[runs[name].model_dir][0], params, d, T, b, starts[T], W,
+                                   bos_id) for name in rows} for T in budgets}
+        setup += time.perf_counter() - t
+        timed[b] = _time_rounds(ready, refresh, rows, rounds)
+    result.update(timed[batch])
+    result["batch1"] = {"batch": 1, "rounds": sections[1][1], **timed[1]} if len(sections) > 1 else None
+    result["setup_seconds"] = setup
+    result["seconds"] = time.perf_counter() - t0
     if out is not None:
         atomic_write_json(out, result)
     return result
@@ -261,25 +491,48 @@ def _pm(value: float | None, se: float | None, decimals: int = 2) -> str:
     return f"{value:,.{decimals}f}" + (f" ± {se:,.{decimals}f}" if se is not None else "")
 
 
-def to_markdown(result: dict) -> str:
-    """One table per budget: median tokens/s over rounds and the paired ratios vs ADLM and MDLM."""
-    refs = result["references"]
-    lines = [f"Table 2 throughput, paired: every row timed in turns in one process, {result['rounds']} rounds of one "
-             f"{result['batch']}-sequence batch per row and budget (the order rotates and alternates between rounds), "
-             f"{result['device']}, autocast {result['autocast']}, {result['threads']} threads. tok/s: median over rounds "
-             "(± bootstrap sd); ratios: median over rounds of the paired per-round ratios (± bootstrap se over rounds).",
-             ""]
-    for budget in result["budgets"].values():
+def _tables(section: dict, refs: list[str], order: list[str]) -> list[str]:
+    lines = []
+    for budget in sorted(section["budgets"].values(), key=lambda b: b["T"]):
         lines += [f"T = {budget['T']}, K = {budget['K']}", "",
-                  "| Method | tok/s | " + " | ".join(f"vs {ROWS[r].label if r in ROWS else r}" for r in refs)
-                  + " | seconds per round |",
+                  "| Method | tok/s | " + " | ".join(f"vs {ROWS[r].label if r in ROWS else r} (FLOP bound; measured/bound)"
+                                                   for r in refs) + " | seconds per round |",
                   "|---|---|" + "---|" * len(refs) + "---|"]
-        for name, row in budget["rows"].items():
-            ratios = [_pm(row["vs"][r]["ratio"], row["vs"][r]["se"]) if r in row["vs"] else "–" for r in refs]
-            secs = ", ".join(f"{s:.2f}" for s in row["seconds"])
-            lines.append(f"| {row['label']} | {_pm(row['tokens_per_s_median'], row['tokens_per_s_se'], 1)} | "
-                         + " | ".join(ratios) + f" | {secs} |")
+        for name in sorted(budget["rows"], key=lambda n: order.index(n) if n in order else len(order)):
+            row, cells = budget["rows"][name], []
+            for r in refs:
+                v = row["vs"].get(r)
+                if v is None:
+                    cells.append("–")
+                    continue
+                bound = "–" if v.get("bound") is None else f"{v['bound']:.2f}"
+                over = _pm(v.get("measured_over_bound"), v.get("measured_over_bound_se"))
+                cells.append(f"{_pm(v['ratio'], v['se'])} ({bound}; {over})")
+            secs = ", ".join(f"{s:.3f}" for s in row["seconds"])
+            what = "" if row.get("timed", "window") == "window" else " (whole draw)"
+            lines.append(f"| {row['label']}{what} | {_pm(row['tokens_per_s_median'], row['tokens_per_s_se'], 1)} | "
+                         + " | ".join(cells) + f" | {secs} |")
         lines.append("")
+    return lines
+
+
+def to_markdown(result: dict) -> str:
+    """One table per budget (and per batch): median tokens/s over rounds, the paired ratios vs
+    ADLM and MDLM with their FLOP bounds and measured / bound."""
+    refs = result["references"]
+    W, starts = result["window"], result["start_steps"]
+    where = ", ".join(f"T = {T}: steps {s}..{s + W - 1}" for T, s in sorted(starts.items(), key=lambda x: int(x[0])))
+    lines = [f"Table 2 throughput, paired: every row timed in turns in one process, {result['rounds']} rounds at batch "
+             f"{result['batch']} (the order rotates and alternates between rounds), {result['device']}, autocast "
+             f"{result['autocast']}, {result['threads']} threads. A diffusion row's timed call is {W} reverse steps of its "
+             f"own trajectory ({where}; whole refresh cycles, resumed every round from the same paused state), scaled "
+             "to its whole trajectory by its number of steps; AR's is its whole draw. tok/s: median over rounds "
+             "(± bootstrap sd); ratios: median over rounds of the paired per-round ratios (± bootstrap se over rounds); "
+             "FLOP bound: the reference's counted FLOPs per token over the row's.", ""]
+    lines += _tables(result, refs, result["rows"])
+    if result.get("batch1"):
+        lines += [f"Batch 1, {result['batch1']['rounds']} rounds, the same design", ""]
+        lines += _tables(result["batch1"], refs, result["rows"])
     return "\n".join(lines)
 
 
@@ -287,5 +540,6 @@ def write_table(result: dict, path: str | Path = TABLE) -> None:
     atomic_write_text(path, to_markdown(result))
 
 
-__all__ = ["FORMAT", "OUT", "TABLE", "REFERENCES", "timed_rows", "round_order", "sample_run", "models_loaded_once",
-           "ratio_vs", "summarize", "paired_ratio", "run", "load", "to_markdown", "write_table"]
+__all__ = ["FORMAT", "OUT", "TABLE", "REFERENCES", "timed_rows", "round_order", "sample_run", "window_steps",
+           "start_step", "timing_batch", "Timed", "prepare", "ratio_vs", "flop_bound", "summarize", "paired_ratio",
+           "bound_ratio", "batch1_ratio", "run", "load", "to_markdown", "write_table"]

@@ -7,7 +7,9 @@
 - :mod:`~tadm.posttrain.anchored` -- generation through transformers' own ``generate`` with the
   anchor refreshed every K denoising steps, and layer-call counters.
 - :mod:`~tadm.posttrain.objective` / :mod:`~tadm.posttrain.train` -- the base's uniform-state
-  block diffusion (default profile) and the fusion's on-policy CE + KD training.
+  block diffusion (default profile) and the fusion's on-policy CE + KD training, its replicates
+  (posttrain.replicates: seeds seed + 1, ... under replicates/) and its held-out validation curve.
 - :mod:`~tadm.posttrain.model`, :mod:`~tadm.posttrain.data` -- loading / saving, SFT canvases.
-- :mod:`~tadm.posttrain.table1` -- Table 1: accuracy, throughput, compute, FLOP bound.
+- :mod:`~tadm.posttrain.table1` -- Table 1: accuracy (its ± over fusion runs for the trained
+  rows), throughput, compute, FLOP bound.
 """

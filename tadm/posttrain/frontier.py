@@ -13,7 +13,8 @@ MARKERS = {"base": "s", "control": "D", "tadm": "o", "naive": "v", "feature": "^
 
 def frontier_figure(df):
     """One row of panels per task of `df` (:func:`tadm.posttrain.table1.frame`): accuracy (± sd
-    over seeds) against throughput x (± its bootstrap se), and against compute x."""
+    over seeds; TADM K >= 2 and the control: the mean over fusion runs ± one run's sd over them)
+    against throughput x (± its bootstrap se), and against compute x."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,6 +40,7 @@ def frontier_figure(df):
             ax.set_ylabel(f"{task}: accuracy (%)")
             ax.grid(alpha=0.3)
     axes[0][1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
-    fig.suptitle("Table 1: accuracy against speed (left) and compute (right); error bars: sd over seeds, se of the speed-up")
+    fig.suptitle("Table 1: accuracy against speed (left) and compute (right); error bars: sd over seeds "
+                 "(trained rows: over fusion runs), se of the speed-up")
     fig.tight_layout()
     return fig

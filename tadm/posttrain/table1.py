@@ -51,6 +51,7 @@ the main process's timings are kept.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ from tadm.config import Params
 from tadm.data import arithmetic, chat
 from tadm.errors import DataError
 from tadm.io import atomic_write_json
-from tadm.metrics.bootstrap import paired_speedup, row_accuracy_delta
+from tadm.metrics.bootstrap import paired_speedup
 from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import sampling_kwargs
 from tadm.posttrain.data import arithmetic_eval_set, left_pad
@@ -220,9 +221,19 @@ class Method:
     `split` is the decoder's (s, a, d), which sets the closed-form layer calls."""
 
     def __init__(self, label: str, base, model, refresh_every: int | None, family: str = "tadm",
-                 split: tuple[int, int, int] | None = None):
+                 split: tuple[int, int, int] | None = None, seeds: list[int] | None = None, row: str | None = None,
+                 run_seed: int | None = None):
         self.label, self.base, self.model, self.k, self.family = label, base, model, refresh_every, family
         self.split = tuple(split or model.split.split)
+        self.seeds = list(seeds or [])  # its sampling seeds (build_methods sets them)
+        # a fusion replicate's run: the row it belongs to and its training seed (None: a row's main run)
+        self.row, self.run_seed = row or label, run_seed
+
+    @property
+    def trained(self) -> bool:
+        """A row whose fusion's training run moves its accuracy: the control, and TADM at K >= 2
+        (at K = 1 TADM is the base by construction: a fresh anchor makes the fusion's correction zero)."""
+        return self.family == "control" or (self.family == "tadm" and (self.k or 1) > 1)
 
     @property
     def decoder_owner(self):
@@ -299,8 +310,8 @@ class Runner:
             seconds = time.perf_counter() - t0
         return self.decode(seqs, ids.shape[1]), seconds, probe.seconds
 
-    def run_seed(self, task: Task, seed: int) -> dict[str, tuple[float, list[str], list[bool], int, float,
-                                                              list[tuple[int, float, float]]]]:
+    def run_seed(self, task: Task, seed: int, methods: list[Method] | None = None
+                 ) -> dict[str, tuple[float, list[str], list[bool], int, float, list[tuple[int, float, float]]]]:
         """Every method on every prompt batch of `task` with `seed`, the methods taking turns on
         each batch: the same prompts are timed for every method within seconds of each other,
         so machine-speed drift hits them alike and each batch is a paired comparison
@@ -309,15 +320,16 @@ class Runner:
         (every process's batches: generated, scored and counted where they ran, then gathered),
         the same calls weighted (a partly recomputed layer counts its share of the rows: the
         feature cache's), and this process's timed batches (prompts, seconds of ``generate``, seconds in its
-        decoder calls), in batch order."""
+        decoder calls), in batch order. `methods`: these instead of the runner's."""
+        methods = self.methods if methods is None else methods
         bs, starts, d = self.p.posttrain.eval_batch_size, self.batch_starts(len(task.prompts)), self.dist
-        mine = {m.label: [] for m in self.methods}
-        timed = {m.label: [] for m in self.methods}
+        mine = {m.label: [] for m in methods}
+        timed = {m.label: [] for m in methods}
         calls, weighted = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0.0)
         for j in runtime.shard(len(starts), d):
             lo = starts[j]
             prompts = task.prompts[lo: lo + bs]
-            for m in self.methods:
+            for m in methods:
                 counter = DecoderLayerCalls(m.base)  # this method's calls only
                 partial = m.partial_layer_calls
                 try:
@@ -329,7 +341,7 @@ class Runner:
                 mine[m.label].append((texts, [bool(task.score(lo + k, t)) for k, t in enumerate(texts)]))
                 timed[m.label].append((len(prompts), seconds, decoder_seconds))
         out = {}
-        for m in self.methods:  # the same collectives, in the same order, on every process
+        for m in methods:  # the same collectives, in the same order, on every process
             batches = runtime.gather(mine[m.label], len(starts), d)
             counts = runtime.gather([(calls[m.label], weighted[m.label])], d.world, d)
             texts = [t for ts, _ in batches for t in ts]
@@ -389,6 +401,14 @@ def throughput(timed: list[tuple[int, float, float]], tokens_per_prompt: int) ->
             "tokens_per_s": size * tokens_per_prompt / statistics.median(seconds)}
 
 
+def _fusion_model(base, p: Params, directory: Path, fresh: bool = False):
+    """A TimeAnchoredDiffusionGemma on `base` with the trained fusion saved in `directory`."""
+    model = dgm.build_tadm(base, p, fresh=fresh)
+    dgm.load_fusion(model, directory)
+    model.fusion.to(dtype=base.dtype).eval()
+    return model
+
+
 def load_models(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None, control: bool = True):
     """The frozen base, TADM with its trained fusion (models/dg_tadm), the fresh-anchor control
     (models/dg_fresh; None unless `control`) and the tokenizer, on the device of `dist` (None:
@@ -398,34 +418,71 @@ def load_models(p: Params, root: Path = Path("."), dist: runtime.Dist | None = N
     d = dist or runtime.setup(p.runtime)
     source = dgm.base_source(p, root)
     base = dgm.load_base(source, p.posttrain.precision, d.device)
+    fresh = _fusion_model(base, p, root / dgm.FRESH_DIR, fresh=True) if control else None
+    return base, _fusion_model(base, p, root / dgm.TADM_DIR), fresh, load_tokenizer(source)
 
-    def trained(directory: str, fresh: bool = False):
-        model = dgm.build_tadm(base, p, fresh=fresh)
-        dgm.load_fusion(model, root / directory)
-        model.fusion.to(dtype=base.dtype).eval()
-        return model
 
-    fresh = trained(dgm.FRESH_DIR, fresh=True) if control else None
-    return base, trained(dgm.TADM_DIR), fresh, load_tokenizer(source)
+def row_seeds(p: Params, family: str) -> list[int]:
+    """A row's sampling seeds: posttrain.seeds, the training-free caches' posttrain.cache_seeds
+    (which hold every seed of posttrain.seeds; [] = posttrain.seeds)."""
+    pt = p.posttrain
+    return list(pt.cache_seeds or pt.seeds) if family in CACHE_METHODS else list(pt.seeds)
+
+
+def replicate_ks(p: Params) -> list[int]:
+    """The refresh intervals at which Table 1 decodes the fusion replicates (posttrain.replicate_refresh_every;
+    []: the largest K of posttrain.refresh_every)."""
+    pt = p.posttrain
+    return list(pt.replicate_refresh_every) or [max(pt.refresh_every)]
 
 
 def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None,
                   control: bool = True) -> tuple[list[Method], object]:
     """Table 1's rows, in order: the base, the fresh-anchor control (`control`), TADM at every K
     of posttrain.refresh_every, then each training-free cache of posttrain.cache_methods at every
-    K >= 2 of it (at K = 1 each is the base), all on the one loaded base (:func:`load_models`)."""
+    K >= 2 of it (at K = 1 each is the base), all on the one loaded base (:func:`load_models`);
+    each with its sampling seeds (:func:`row_seeds`). These are the main runs; the fusion
+    replicates' runs are :func:`replicate_methods`."""
     pt = p.posttrain
     base, tadm, fresh, tok = load_models(p, root, dist, control)
     split = tuple(tadm.split.split)
-    methods = [Method("Base", base, None, None, "base", split)]
+    seeds = row_seeds(p, "tadm")
+    methods = [Method("Base", base, None, None, "base", split, seeds=seeds)]
     if fresh is not None:
-        methods.append(Method(CONTROL, base, fresh, 1, "control"))
-    methods += [Method(f"TADM K={k}", base, tadm, k, "tadm") for k in pt.refresh_every]
+        methods.append(Method(CONTROL, base, fresh, 1, "control", seeds=seeds, run_seed=pt.seed))
+    methods += [Method(f"TADM K={k}", base, tadm, k, "tadm", seeds=seeds, run_seed=pt.seed) for k in pt.refresh_every]
     for name in pt.cache_methods:
         cache = CACHE_METHODS[name]
         model = cache.build(base, p)  # one model per method: K is an argument of its generate
-        methods += [Method(f"{cache.label} K={k}", base, model, k, name) for k in pt.refresh_every if k >= 2]
+        methods += [Method(f"{cache.label} K={k}", base, model, k, name, seeds=row_seeds(p, name))
+                    for k in pt.refresh_every if k >= 2]
     return methods, tok
+
+
+def replicate_methods(p: Params, base, root: Path = Path("."), control: bool = True) -> list[Method]:
+    """The fusion replicates' runs of Table 1's trained rows, each fusion loaded on the same frozen
+    `base`: TADM's replicates at every K of :func:`replicate_ks` (row "TADM K=k"), the control's as
+    the control (K = 1), each at posttrain.seeds; labelled "<row> (s<training seed>)". A missing
+    replicate fusion is a DataError naming the command that trains it."""
+    from tadm.posttrain.train import fusion_runs
+
+    seeds, out = row_seeds(p, "tadm"), []
+    for run in fusion_runs(p, False, root)[1:]:
+        model = _replicate_model(base, p, run)
+        out += [Method(f"TADM K={k} (s{run.seed})", base, model, k, "tadm", seeds=seeds, row=f"TADM K={k}",
+                       run_seed=run.seed) for k in replicate_ks(p)]
+    if control:
+        for run in fusion_runs(p, True, root)[1:]:
+            out.append(Method(f"{CONTROL} (s{run.seed})", base, _replicate_model(base, p, run), 1, "control",
+                              seeds=seeds, row=CONTROL, run_seed=run.seed))
+    return out
+
+
+def _replicate_model(base, p: Params, run):
+    if not (run.model / "fusion.safetensors").is_file():
+        raise DataError(f"{run.model}: no fusion replicate here (posttrain.replicates is {p.posttrain.replicates}; "
+                        f"run dvc repro train, or alone: {run.command})")
+    return _fusion_model(base, p, run.model, fresh=run.fresh)
 
 
 def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:
@@ -443,10 +500,17 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         control: bool = True) -> dict:
     """Score every method on every task and seed; measure speed; write results/table1.json.
     `unsafe_host_execution`: see `load_task` (an explicit opt-in; off by default). `control`:
-    include the fresh-anchor control row (models/dg_fresh).
+    include the fresh-anchor control row (models/dg_fresh) and its replicates.
     On the device of `dist` (None: `runtime.setup(p.runtime)`); with runtime.nproc > 1 (and not
     under torchrun already) in torchrun workers (`tadm.experiments.worker`), whose result is
-    returned."""
+    returned.
+
+    Per task, three passes over the prompt batches: (1) every row at posttrain.seeds, the methods
+    taking turns on each batch (the timed pass: tokens/s, throughput and the layer-call counts
+    come from it alone, so every row is timed and counted on the same generations as the base);
+    (2) the training-free caches at their further seeds (posttrain.cache_seeds); (3) the fusion
+    replicates (:func:`replicate_methods`) at posttrain.seeds, scored, not timed. Then the
+    statistics over fusion runs (:func:`add_statistics`)."""
     from tadm.experiments import worker
 
     if worker.needs_launch(p):
@@ -455,10 +519,16 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
                                            "unsafe_host_execution": unsafe_host_execution, "control": control})
     d = dist or runtime.setup(p.runtime)
     methods, tok = build_methods(p, root, d, control)
+    replicas = replicate_methods(p, methods[0].base, root, control)
     runner = Runner(p, tok, methods, d)
     pt = p.posttrain
+    main_seeds = list(pt.seeds)
+    extra_seeds = [s for s in dict.fromkeys(s for m in methods for s in m.seeds) if s not in main_seeds]
+    passes = ([(seed, methods, True) for seed in main_seeds]
+              + [(seed, [m for m in methods if seed in m.seeds], False) for seed in extra_seeds]
+              + [(seed, [m for m in replicas if seed in m.seeds], False) for seed in main_seeds])
+    passes = [(seed, group, timed) for seed, group, timed in passes if group]
     tadm = next(m.model for m in methods if m.family == "tadm")
-    tadm_label = {m.k: m.label for m in methods if m.family == "tadm"}
     results = {"steps": pt.sample_steps, "split": list(tadm.split.split),
                "fusion_parameters": tadm.fusion.num_parameters, "tasks": {}}
     for name in pt.tasks:
@@ -466,19 +536,27 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         if not task.prompts:
             raise DataError(f"task {name}: no evaluation examples")
         flops = runner.flops(task)  # also the warm-up of every method
-        runs = {m.label: {"accs": [], "correct": [], "texts": [], "examples": None, "calls": 0, "weighted": 0.0,
-                          "timed": []} for m in methods}
-        bar = tqdm(total=len(methods) * len(pt.seeds), desc=f"table1[{name}]", unit="run", disable=not d.main)
-        for seed in pt.seeds:  # methods interleaved batch by batch (Runner.run_seed)
-            for label, (acc, texts, correct, n, weighted, timed) in runner.run_seed(task, seed).items():
+        runs = {m.label: {"seeds": [], "accs": [], "correct": [], "texts": {}, "examples": None, "calls": 0,
+                          "weighted": 0.0, "timed": []} for m in methods + replicas}
+        bar = tqdm(total=sum(len(group) for _, group, _ in passes), desc=f"table1[{name}]", unit="run",
+                   disable=not d.main)
+        wall = {"timed": 0.0, "cache_seeds": 0.0, "replicates": 0.0}  # this process's seconds in each pass
+        for seed, group, timed_pass in passes:  # in the timed pass, methods interleaved batch by batch (Runner.run_seed)
+            t0 = time.perf_counter()
+            decoded = runner.run_seed(task, seed, group)
+            wall["timed" if timed_pass else "replicates" if group[0].row != group[0].label else "cache_seeds"] += (
+                time.perf_counter() - t0)
+            for label, (acc, texts, correct, n, weighted, timed) in decoded.items():
                 r = runs[label]
+                r["seeds"].append(seed)
                 r["accs"].append(acc)
                 r["correct"].append([int(c) for c in correct])
                 r["examples"] = r["examples"] or texts[:5]
-                r["texts"] += texts
-                r["calls"] += n
-                r["weighted"] += weighted
-                r["timed"] += timed
+                r["texts"][seed] = texts
+                if timed_pass:  # compute and speed: the generations every row makes (posttrain.seeds)
+                    r["calls"] += n
+                    r["weighted"] += weighted
+                    r["timed"] += timed
                 bar.update()
         bar.close()
         if not all(runs[m.label]["timed"] for m in methods):
@@ -489,23 +567,156 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
         for m in methods:
             r = runs[m.label]
             rows[m.label] = {"accuracy": statistics.mean(r["accs"]), "accuracy_seeds": r["accs"],
-                             "correct_seeds": r["correct"],
+                             "correct_seeds": r["correct"], "seeds": r["seeds"],
                              "accuracy_sd": statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0,
                              "refresh_every": m.k, "family": m.family, "control": m.family == "control",
                              "layer_calls": r["calls"], "layer_calls_weighted": r["weighted"],
                              "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps, pt.canvas_length),
                              "examples": r["examples"], **flops[m.label],
                              **throughput(r["timed"], runner.tokens_per_prompt(task))}
-            if m.family in CACHE_METHODS:  # how often the cache wrote TADM's very completion (same K, example, seed)
-                same = [a == b for a, b in zip(r["texts"], runs[tadm_label[m.k]]["texts"], strict=True)]
-                rows[m.label]["same_output_as_tadm"] = sum(same) / len(same)
+        _add_same_outputs(rows, methods, replicas, runs, main_seeds)
+        for m in methods:
+            if m.family in ("tadm", "control"):  # the fusion's runs: the main run first, then its replicates
+                rows[m.label]["runs"] = [_run_record(m, runs[m.label])] + [
+                    _run_record(x, runs[x.label], rows[m.label].get("same_output_as_bypass_runs", {}))
+                    for x in replicas if x.row == m.label]
+                rows[m.label]["runs"][0].update(_bypass_of(rows[m.label]))
+                rows[m.label].pop("same_output_as_bypass_runs", None)
         add_speedups(rows, methods[0].label)
-        results["tasks"][name] = {"n": len(task.prompts), "methods": rows}
+        between = add_statistics(rows)
+        results["tasks"][name] = {"n": len(task.prompts), "between_run": between, "methods": rows,
+                                  "pass_seconds": {k: round(v, 1) for k, v in wall.items()}}
         if d.main:
             log(f"table1[{name}]: " + ", ".join(f"{k} {v['accuracy']:.1f}%" for k, v in rows.items()))
     if d.main:
         atomic_write_json(out or root / "results" / "table1.json", results)
     return results
+
+
+def _same_share(a: dict[int, list[str]], b: dict[int, list[str]], seeds: list[int]) -> float:
+    """The share of (example, seed), over `seeds`, where two rows wrote the same completion."""
+    same = [x == y for s in seeds for x, y in zip(a[s], b[s], strict=True)]
+    return sum(same) / len(same)
+
+
+def _add_same_outputs(rows: dict, methods: list[Method], replicas: list[Method], runs: dict, seeds: list[int]) -> None:
+    """How often two rows write the very same completion, at the same K, example and seed (over
+    posttrain.seeds, which every row decodes): each training-free cache row against TADM
+    (``same_output_as_tadm``), and each TADM row (and each of its replicate runs) against the
+    naive-reuse row, TADM with its fusion bypassed (``same_output_as_bypass``; absent where no naive
+    row runs at that K): does the trained fusion change what is written?"""
+    tadm = {m.k: m.label for m in methods if m.family == "tadm"}
+    naive = {m.k: m.label for m in methods if m.family == "naive"}
+    for m in methods:
+        if m.family in CACHE_METHODS and m.k in tadm:
+            rows[m.label]["same_output_as_tadm"] = _same_share(runs[m.label]["texts"], runs[tadm[m.k]]["texts"], seeds)
+        if m.family == "tadm" and m.k in naive:
+            bypass = runs[naive[m.k]]["texts"]
+            rows[m.label]["same_output_as_bypass"] = _same_share(runs[m.label]["texts"], bypass, seeds)
+            rows[m.label]["same_output_as_bypass_runs"] = {
+                x.label: _same_share(runs[x.label]["texts"], bypass, seeds) for x in replicas if x.row == m.label}
+
+
+def _bypass_of(row: dict) -> dict:
+    return {"same_output_as_bypass": row["same_output_as_bypass"]} if "same_output_as_bypass" in row else {}
+
+
+def _run_record(m: Method, r: dict, bypass: dict | None = None) -> dict:
+    """One fusion run of a trained row: its training seed, accuracy (mean over its sampling seeds),
+    per-seed accuracies and per-example correctness (one list per sampling seed, in `seeds` order)."""
+    out = {"seed": m.run_seed, "accuracy": statistics.mean(r["accs"]), "accuracy_seeds": r["accs"],
+           "seeds": r["seeds"], "correct_seeds": r["correct"]}
+    if bypass is not None and m.label in bypass:
+        out["same_output_as_bypass"] = bypass[m.label]
+    return out
+
+
+# ----------------------------------------------------------------------------- statistics over runs
+
+
+def trained_row(row: dict) -> bool:
+    """A row whose fusion was trained and acts: the control, TADM at K >= 2 (K = 1 is the base)."""
+    return row["family"] == "control" or (row["family"] == "tadm" and (row["refresh_every"] or 1) > 1)
+
+
+def _runs_of(row: dict) -> list[list[list[int]]]:
+    """A row's runs as (sampling seeds x examples) 0/1 matrices: its fusion runs, or the row itself."""
+    return [r["correct_seeds"] for r in row["runs"]] if row.get("runs") else [row["correct_seeds"]]
+
+
+def within_run_var(correct_seeds: list[list[int]]) -> float | None:
+    """The sampling variance (points^2) of one run's accuracy, the mean over its S seeds and n
+    examples, given its fusion and the examples: sum_i s_i^2 / (n^2 S), s_i^2 the variance of
+    example i's correctness over the seeds (unbiased, ddof 1); None with one seed."""
+    import numpy as np
+
+    x = np.asarray(correct_seeds, np.float64)
+    if x.ndim != 2 or x.shape[0] < 2:
+        return None
+    S, n = x.shape
+    return float(1e4 * x.var(axis=0, ddof=1).sum() / (n * n * S))
+
+
+def between_run(rows: dict[str, dict]):
+    """The between-run variance (points^2) of the trained rows' run-level accuracies, pooled over
+    the arms -- TADM at every K >= 2 and the control (`tadm.metrics.replicates.pooled_between`), each
+    run's own sampling variance (:func:`within_run_var`) subtracted where every run has two seeds
+    or more -- and the arms' labels; (None, arms) when no arm has two runs."""
+    from tadm.metrics.replicates import pooled_between
+
+    arms = [label for label, row in rows.items() if trained_row(row) and row.get("runs")]
+    values = [[r["accuracy"] for r in rows[a]["runs"]] for a in arms]
+    if not any(len(v) >= 2 for v in values):
+        return None, arms
+    within = [[within_run_var(r["correct_seeds"]) for r in rows[a]["runs"]] for a in arms]
+    if any(w is None for ws in within for w in ws):
+        within = None
+    return pooled_between(values, within), arms
+
+
+def accuracy_delta(a: dict, b: dict, pooled) -> tuple[float, float]:
+    """Row a's accuracy minus row b's in points, over fusion runs and sampling seeds, and its se
+    (`tadm.metrics.replicates.replicated_accuracy_delta`): the example bootstrap of the per-example
+    differences of the means over runs and seeds, plus the pooled between-run variance times 1/n for
+    each trained side (:func:`trained_row`); an untrained side (base, caches, TADM K = 1) adds none."""
+    from tadm.metrics.replicates import replicated_accuracy_delta
+
+    if a is b:
+        return 0.0, 0.0
+    ta, tb = pooled is not None and trained_row(a), pooled is not None and trained_row(b)
+    if ta or not tb:
+        return replicated_accuracy_delta(_runs_of(a), _runs_of(b), pooled if ta else None, tb)
+    d, se = replicated_accuracy_delta(_runs_of(b), _runs_of(a), pooled, False)  # only b trained
+    return -d, se
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else float(x)  # JSON has no NaN (one example: no bootstrap se)
+
+
+def add_statistics(rows: dict[str, dict], base: str = "Base") -> dict | None:
+    """Per row of one task: its accuracy's mean over fusion runs (``accuracy_mean_runs``) and Δ vs the
+    base, the control and (a training-free cache) TADM at its K, each with its se over examples,
+    sampling seeds and -- for a trained side -- fusion runs (:func:`accuracy_delta`). Returns the
+    task's ``between_run`` record (None when no trained row has two runs)."""
+    pooled, arms = between_run(rows)
+    control = next((r for r in rows.values() if r["family"] == "control"), None)
+    tadm = {r["refresh_every"]: r for r in rows.values() if r["family"] == "tadm"}
+    for row in rows.values():
+        row["accuracy_mean_runs"] = (statistics.mean(r["accuracy"] for r in row["runs"]) if row.get("runs")
+                                     else row["accuracy"])
+        for key, ref in (("delta_vs_base", rows[base]), ("delta_vs_control", control),
+                         ("delta_vs_tadm", tadm.get(row["refresh_every"]) if row["family"] in CACHE_METHODS else None)):
+            if ref is None:
+                if key != "delta_vs_tadm":
+                    row[key] = row[key + "_se"] = None
+                continue
+            d, se = accuracy_delta(row, ref, pooled)
+            row[key], row[key + "_se"] = float(d), _num(se)
+    if pooled is None:
+        return None
+    return {"var_between": pooled.var_between, "var_runs": pooled.var_runs, "var_within": pooled.var_within,
+            "df": pooled.df, "runs": pooled.runs, "arms": arms}
 
 
 # ----------------------------------------------------------------------------- the table
@@ -521,38 +732,60 @@ def _require(m: dict, keys: tuple[str, ...], source: str = "results/table1.json"
         raise DataError(f"{source}: a method has no {', '.join(missing)} (written by an older tadm): rerun dvc repro table1")
 
 
+def _nan(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
 def frame(results: dict):
-    """Table 1 as a pandas frame: one line per (task, method). A training-free cache's row also
-    gets its paired Δ vs the TADM row at the same K and whether its compute matches TADM's."""
+    """Table 1 as a pandas frame: one line per (task, method), its accuracy the mean over the row's
+    fusion runs (the main run alone for an untrained row) and its Δ columns those of
+    :func:`add_statistics`. A training-free cache's row also gets its Δ vs the TADM row at the same
+    K and whether its compute matches TADM's; a TADM row, how often it wrote the fusion-bypassed
+    row's completion."""
     import pandas as pd
 
     lines = []
     for task, r in results["tasks"].items():
+        _require(r, ("between_run",))
         base = r["methods"]["Base"]
-        control = r["methods"].get(CONTROL)
+        between = r["between_run"] or {}
         for m in r["methods"].values():
-            _require(m, ("family", "layer_calls_weighted"))
+            _require(m, ("family", "layer_calls_weighted", "seeds", "delta_vs_base", "delta_vs_control",
+                         "accuracy_mean_runs"))
             if m["family"] in CACHE_METHODS:
                 _require(m, ("same_output_as_tadm",))
+            if m["family"] in ("tadm", "control"):
+                _require(m, ("runs",))
         tadm = {m["refresh_every"]: m for m in r["methods"].values() if m["family"] == "tadm"}
         order = sorted(r["methods"].items(), key=lambda lm: (FAMILIES.index(lm[1]["family"]), lm[1]["refresh_every"] or 0))
         for label, m in order:
             speedup, speedup_se, dec_speedup = m["throughput_x"], m["throughput_se"], m["decoder_speedup_x"]
             bound = base["flops"] / m["flops"]
             dec_bound = base["decoder_flops"] / m["decoder_flops"]
-            delta, delta_se = row_accuracy_delta(m, base)
-            delta_ctl, delta_ctl_se = row_accuracy_delta(m, control)
             compute = m["layer_calls_weighted"] / base["layer_calls_weighted"]
             ref = tadm.get(m["refresh_every"]) if m["family"] in CACHE_METHODS else None
-            delta_tadm, delta_tadm_se = row_accuracy_delta(m, ref)
             matched = (None if ref is None
                        else abs(compute - ref["layer_calls_weighted"] / base["layer_calls_weighted"]) <= MATCHED)
+            runs = m.get("runs") or []
+            replicated = trained_row(m) and between and len(runs) > 0
+            bypass = [x.get("same_output_as_bypass") for x in runs if x.get("same_output_as_bypass") is not None]
             lines.append({"task": task, "method": label, "family": m["family"], "refresh_every": m["refresh_every"],
-                          "accuracy": m["accuracy"], "sd": m["accuracy_sd"],
-                          "delta_pts": delta, "delta_se": delta_se,
-                          "delta_control_pts": delta_ctl, "delta_control_se": delta_ctl_se,
-                          "delta_tadm_pts": delta_tadm, "delta_tadm_se": delta_tadm_se, "matched": matched,
-                          "same_as_tadm": m.get("same_output_as_tadm", float("nan")),
+                          "accuracy": m["accuracy_mean_runs"], "accuracy_main_run": m["accuracy"],
+                          # the ± of the accuracy: a trained row's pooled sd of one run's accuracy over
+                          # fusion runs (with its sampling noise), else the sd over sampling seeds
+                          "sd": math.sqrt(between["var_runs"]) if replicated else m["accuracy_sd"],
+                          "runs": len(runs) if runs else 1, "seeds": len(m["seeds"]),
+                          "run_accuracies": "/".join(f"{x['accuracy']:.1f}" for x in runs),
+                          "run_seeds": "/".join(str(x["seed"]) for x in runs),
+                          "delta_pts": m["delta_vs_base"], "delta_se": _nan(m["delta_vs_base_se"]),
+                          "delta_control_pts": _nan(m["delta_vs_control"]), "delta_control_se": _nan(m["delta_vs_control_se"]),
+                          "delta_tadm_pts": _nan(m.get("delta_vs_tadm")), "delta_tadm_se": _nan(m.get("delta_vs_tadm_se")),
+                          "matched": matched,
+                          "same_as_tadm": _nan(m.get("same_output_as_tadm")),
+                          "same_as_bypass": _nan(m.get("same_output_as_bypass")),
+                          "same_as_bypass_runs": "/".join(f"{x:.0%}" for x in bypass) if len(bypass) > 1 else "",
+                          "between_var": _nan(between.get("var_between")), "between_var_runs": _nan(between.get("var_runs")),
+                          "between_var_within": _nan(between.get("var_within")), "between_df": _nan(between.get("df")),
                           "tokens_per_s": m["tokens_per_s"],
                           "throughput_x": speedup, "throughput_se": speedup_se,
                           "layer_calls": m["layer_calls"], "compute_x": compute,
@@ -574,12 +807,45 @@ def _pm(v: float, se: float) -> str:
 
 
 def _vs_tadm(r) -> str:
-    """The Δ vs TADM cell: a cache row's paired Δ and how often it wrote TADM's very completion,
+    """The Δ vs TADM cell: a cache row's Δ and how often it wrote TADM's very completion,
     marked where its compute is not TADM's."""
     cell = _pm(r.delta_tadm_pts, r.delta_tadm_se)
     if r.same_as_tadm == r.same_as_tadm:  # NaN off the cache rows
         cell += f"; {r.same_as_tadm:.0%} same text"
     return cell if r.matched is None or r.matched != r.matched or r.matched else f"{cell} (unmatched)"
+
+
+def _accuracy_cell(r) -> str:
+    runs = int(r.runs) if r.runs == r.runs else 1
+    return f"{r.accuracy:.1f} ± {r.sd:.1f}" + (f" ({runs} runs)" if runs > 1 else "")
+
+
+def _notes_of(df) -> str:
+    """The lines under the table: each task's fusion runs and between-run variance, and how often
+    TADM wrote the fusion-bypassed row's completion."""
+    out = []
+    for task in dict.fromkeys(df.task):
+        t = df[df.task == task]
+        trained = t[t.run_accuracies.astype(bool) & t.family.isin(["tadm", "control"]) & (t.runs > 1)]
+        if len(trained):
+            b = trained.iloc[0]
+            seeds = b.run_seeds.replace("/", ", ")
+            runs = "; ".join(f"{r.method} {r.run_accuracies.replace('/', ', ')}" for r in trained.itertuples())
+            pooled = ("" if b.between_var != b.between_var else
+                      f" Between-run variance of a run's accuracy, pooled over TADM (K ≥ 2) and the control: "
+                      f"{b.between_var:.2f} pts² (the runs' variance {b.between_var_runs:.2f} minus their mean "
+                      f"sampling variance {b.between_var_within:.2f}; {int(b.between_df)} df); it enters the ± and "
+                      f"every Δ se of a trained row.")
+            out.append(f"**{task}, fusion runs** (training seeds {seeds}; each fusion on the same frozen base, "
+                       f"accuracy in %): {runs}.{pooled}")
+        bypass = t[(t.family == "tadm") & t.same_as_bypass.notna()]
+        if len(bypass):
+            cells = ", ".join(f"{r.same_as_bypass:.0%} at K = {int(r.refresh_every)}"
+                              + (f" (fusion runs: {r.same_as_bypass_runs})" if r.same_as_bypass_runs else "")
+                              for r in bypass.itertuples())
+            out.append(f"**{task}, does the fusion act?** TADM writes the fusion-bypassed row's (naive reuse, the "
+                       f"same K) very completion on {cells} of (example, seed).")
+    return "".join(f"\n{line}\n" for line in out)
 
 
 def to_markdown(df) -> str:
@@ -588,21 +854,29 @@ def to_markdown(df) -> str:
             "| decoder FLOP bound | measured/bound |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
-        f"| {r.task} | {r.method} | {r.accuracy:.1f} ± {r.sd:.1f} | {_pm(r.delta_pts, r.delta_se)} | "
+        f"| {r.task} | {r.method} | {_accuracy_cell(r)} | {_pm(r.delta_pts, r.delta_se)} | "
         f"{_pm(r.delta_control_pts, r.delta_control_se)} | {_vs_tadm(r)} | {r.tokens_per_s:,.0f} | "
         f"{speed_cell(r.throughput_x, r.throughput_se)} | {r.compute_x:.2f}x | {r.flop_bound_x:.2f}x | {r.measured_over_bound:.2f} | "
         f"{r.decoder_share:.0%} | {r.decoder_speedup_x:.2f}x | {r.decoder_bound_x:.2f}x | {r.decoder_measured_over_bound:.2f} |\n"
         for r in df.itertuples())
-    note = ("\nΔ: accuracy minus the base's / the control's / the TADM row's at the same K, ± its paired bootstrap se "
-            "over the examples (each example's difference averaged over the seeds; both rows answer the same examples "
-            "with the same seeds); \"same text\": the share of (example, seed) where a cache row wrote exactly TADM's "
-            "completion. "
+    seeds = ", ".join(f"{r.method} {int(r.seeds)}" for r in df.drop_duplicates("family").itertuples())
+    note = ("\nAccuracy: the mean over the row's fusion runs (TADM, control: the main run and its replicates, each "
+            "trained with its own seed and decoded on the same frozen base; the other rows are not trained) and "
+            "sampling seeds, ± the sd of one fusion run's accuracy over training runs (pooled, with its sampling noise) "
+            "for TADM (K ≥ 2) and the control, else the sd over sampling seeds. "
+            "Δ: accuracy minus the base's / the control's / the TADM row's at the same K, ± its se: the bootstrap over "
+            "examples of the per-example differences of the means over runs and seeds, plus the between-run variance "
+            "over n runs for each trained side (tadm.metrics.replicates); \"same text\": the share of (example, seed) "
+            "where a cache row wrote exactly TADM's completion. "
+            f"Sampling seeds per row ({seeds}): the training-free caches decode at more seeds (posttrain.cache_seeds); "
+            "throughput and compute are counted at the seeds every row decodes, with the main fusion runs. "
             "Control: the same fusion recipe (data, steps, seed, CE + KD) trained and evaluated with the anchor "
             "recomputed at every step; Δ vs control isolates anchor reuse from the fine-tuning of the CE term. "
             "Throughput and decoder speed-up: the median over prompt batches of the base's time / the method's on the "
             "same batch (the methods take turns on every batch), ± its bootstrap se. "
             "Compute: decoder-layer calls over the base's, a partly recomputed layer counted at its share of the "
             f"canvas rows; a cache row is at TADM's budget when the two differ by at most {MATCHED:g} (else \"unmatched\").\n"
+            + _notes_of(df) +
             "\nTraining-free caches (`tadm.caches`), on the same frozen base and sampler: *Naive reuse* is TADM's split "
             "with the fusion bypassed (h = H0); since the denoiser reads only h, a reuse step returns its refresh step's "
             "logits, so the row reuses the model's output K - 1 times. *Feature cache* is dLLM-Cache's V-verify cache: "
@@ -621,12 +895,21 @@ def metrics_dict(df) -> dict:
     for r in df.itertuples():
         key = f"{r.task}_{r.method.replace(' ', '').replace('=', '').replace('(', '').replace(')', '')}"
         deltas = {f"{key}_delta_pts": round(r.delta_pts, 3)}
+        if r.delta_se == r.delta_se:
+            deltas[f"{key}_delta_se"] = round(r.delta_se, 3)
         if r.delta_control_pts == r.delta_control_pts:  # NaN without a control row
             deltas[f"{key}_delta_control_pts"] = round(r.delta_control_pts, 3)
         if r.delta_tadm_pts == r.delta_tadm_pts:  # a training-free cache's row
             deltas[f"{key}_delta_tadm_pts"] = round(r.delta_tadm_pts, 3)
             deltas[f"{key}_same_output_as_tadm"] = round(r.same_as_tadm, 4)
+        if r.same_as_bypass == r.same_as_bypass:  # a TADM row with a naive row at its K
+            deltas[f"{key}_same_output_as_bypass"] = round(r.same_as_bypass, 4)
         out.update({f"{key}_accuracy": round(r.accuracy, 3), **deltas, f"{key}_throughput_x": round(r.throughput_x, 4),
                     f"{key}_compute_x": round(r.compute_x, 4), f"{key}_measured_over_bound": round(r.measured_over_bound, 4),
                     f"{key}_decoder_measured_over_bound": round(r.decoder_measured_over_bound, 4)})
+    for task in dict.fromkeys(df.task):
+        b = df[df.task == task].iloc[0]
+        if b.between_var == b.between_var:
+            out[f"{task}_between_run_var"] = round(b.between_var, 4)
+            out[f"{task}_between_run_df"] = int(b.between_df)
     return out

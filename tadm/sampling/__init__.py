@@ -11,7 +11,7 @@ from tadm.sampling.anchor_cache import (
     PAPER_REFRESH_SCHEDULE, AdaptiveDrift, AnchorCache, BudgetSchedule, FixedInterval, RefreshPolicy,
     StaleAnchorError,
 )
-from tadm.sampling.base import SAMPLER_NAMES, SampleResult, SamplerSettings, StepInfo, Transition, sample
+from tadm.sampling.base import SAMPLER_NAMES, Paused, SampleResult, SamplerSettings, StepInfo, Transition, sample
 from tadm.sampling.counters import ComputeCounter, instrument
 from tadm.sampling.mdlm import MDLMSampler, mdlm_posterior
 from tadm.sampling.remdm import LoopSchedule, ReMDMSampler, remdm_posterior, sigma_max
@@ -23,7 +23,7 @@ __all__ = [
     "Adapter", "MDLMAdapter", "ADLMAdapter", "TADMAdapter", "make_adapter",
     "PAPER_REFRESH_SCHEDULE", "AnchorCache", "RefreshPolicy", "FixedInterval", "BudgetSchedule",
     "AdaptiveDrift", "StaleAnchorError",
-    "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "StepInfo", "Transition", "sample",
+    "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "Paused", "StepInfo", "Transition", "sample",
     "ComputeCounter", "instrument",
     "MDLMSampler", "mdlm_posterior", "ReMDMSampler", "LoopSchedule", "remdm_posterior", "sigma_max",
     "SEDDAdapter", "CorrectorSampler", "fb_posterior", "dfm_posterior", "fb_rates", "dfm_rates", "dfm_grid",

@@ -40,11 +40,17 @@ Host reads: whether a refresh is due can depend on the data (`AdaptiveDrift`). T
 `due_flag(z_t, step)` first (a bool, or a 0-dim tensor it reads together with the rest of the
 step's values, `tadm.sampling.base`) and hands the answer back with `decide`; `can_reuse` and
 `hidden` at that step then use it instead of reading the device again.
+
+Pause and resume (`tadm.sampling.base`, point 8): `state()` is what a paused trajectory keeps of
+the adapter (TADM: a copy of its anchor cache; None for the stateless ones), `restore(state)`
+takes it back after `start`.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -74,6 +80,14 @@ class Adapter(abc.ABC):
 
     def start(self, total_steps: int) -> None:
         """Begin a new reverse trajectory of `total_steps` steps (drops per-trajectory state)."""
+
+    def state(self) -> Any:
+        """The per-trajectory state a paused trajectory keeps (`tadm.sampling.base.Paused`); None
+        for stateless models."""
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Take back `state()` after `start` (a resumed trajectory); `state` is not written."""
 
     def __call__(self, z_t: Tensor, step: int, t: float) -> Tensor:
         """Logits (B, L, V+1) for the canvas z_t (B, L) at reverse step `step`, time t."""
@@ -180,6 +194,13 @@ class TADMAdapter(Adapter):
         self.cache.clear()
         self._decision = None
 
+    def state(self) -> AnchorCache:
+        """A copy of the anchor cache (its tensors shared: the cache replaces them, never writes them)."""
+        return _copy_cache(self.cache)
+
+    def restore(self, state: AnchorCache) -> None:
+        self.cache, self._decision = _copy_cache(state), None
+
     def shallow(self, z_t: Tensor) -> Tensor:
         """S(z_t): the shared network (the token embedding)."""
         return self.model.embed(z_t)
@@ -218,6 +239,10 @@ class TADMAdapter(Adapter):
     @property
     def refresh_steps(self) -> list[int]:
         return list(self.cache.refresh_steps)
+
+
+def _copy_cache(cache: AnchorCache) -> AnchorCache:
+    return dataclasses.replace(cache, refresh_steps=list(cache.refresh_steps), served_ages=list(cache.served_ages))
 
 
 ADAPTERS: dict[str, type[Adapter]] = {"mdlm": MDLMAdapter, "adlm": ADLMAdapter, "tadm": TADMAdapter,

@@ -56,6 +56,19 @@ One reverse trajectory per batch (MDLM / ReMDM conventions, REFERENCE.md §2):
 7. Per-call tables: the rotary tables are built once per length and device and kept
    (`DiTStack.rope`), and within `sample` each model's conditioning vectors are computed once
    (`tadm.models.dit.constant_conditioning`); both equal the freshly built ones bit for bit.
+8. Pause and resume (one trajectory: num_samples within one batch). ``sample(..., stop=i)`` runs
+   reverse steps 0..i-1 and returns the canvas there (it may hold masks) with `SampleResult.paused`,
+   a `Paused`: the canvas, the generator's state, the sampler's per-trajectory state
+   (`Sampler.state`: ReMDM-conf's confidences) and the adapter's (`Adapter.state`: TADM's anchor
+   cache). ``sample(..., start=paused)`` goes on from step i exactly as the uninterrupted run
+   would (the same tokens, the same anchor refreshes); `start` and `stop` together run steps
+   start.step..stop-1 only (steps count over the whole trajectory, all blocks; DFM's grid is longer
+   than T). A `Paused` is never written: it can be resumed many times, each time the same work
+   (the throughput stage times whole refresh cycles from one mid-trajectory state this way,
+   `tadm.experiments.throughput`). A piece's `seconds` and counters cover its own steps; it books
+   the trajectory's tokens (`ComputeCounter.tokens`, `trajectories`) only if it starts at step 0.
+   With ddpm_cache a resumed piece runs the network at its first step (the skip's last hidden
+   states are not kept): the same tokens, a reused call fewer.
 """
 
 from __future__ import annotations
@@ -149,12 +162,27 @@ class SamplerSettings:
 
 
 @dataclass
+class Paused:
+    """A trajectory stopped before reverse step `step` (`sample(..., stop=step)`; module docstring, 8):
+    what the loop needs to go on from there as if it had not stopped (`sample(..., start=paused)`)."""
+
+    step: int  # the next reverse step, 0-based over the whole trajectory
+    total: int  # the trajectory's number of reverse steps (T; DFM's grid: more)
+    z: Tensor  # (B, L) the canvas before step `step`, on the adapter's device
+    generator: Tensor  # the generator's state (torch.Generator.get_state)
+    sampler: dict[str, Any]  # Sampler.state()
+    adapter: Any  # Adapter.state() (TADM: its anchor cache; None for stateless models)
+    settings: SamplerSettings  # the run's (a resumed run must have the same steps, sampler, blocks)
+
+
+@dataclass
 class SampleResult:
-    tokens: Tensor  # (N, L) long, on the CPU, no mask id
+    tokens: Tensor  # (N, L) long, on the CPU, no mask id (a paused run: the canvas, masks included)
     counters: ComputeCounter
     refresh_steps: list[list[int]] | None  # per trajectory (batch); None for models without a cache
     seconds: float  # wall time of the sampling loop
     settings: SamplerSettings  # includes seed and precision
+    paused: Paused | None = None  # `sample(..., stop=i)` with i before the end: the state at step i
 
     @property
     def tokens_per_second(self) -> float:
@@ -354,6 +382,13 @@ class Sampler(abc.ABC):
     def start(self, z: Tensor) -> None:
         """Begin a trajectory on the all-mask canvas z (reset per-trajectory state)."""
 
+    def state(self) -> dict[str, Any]:
+        """The per-trajectory state a paused trajectory keeps (`Paused.sampler`); {} when none."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back `state()` after `start` (a resumed trajectory); it must not be written."""
+
     def prepare(self, times: list[float]) -> None:
         """Evaluate the schedule's alpha at `times` (the run's time grid) in one go, so that
         `alpha` needs no host read per step."""
@@ -483,82 +518,119 @@ class _Network:
 
 
 def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch: int, seq_len: int,
-                generator: torch.Generator, callback: Callable[[StepInfo], None] | None) -> Tensor:
-    """One batched reverse process; returns the tokens (B, L)."""
+                generator: torch.Generator, callback: Callable[[StepInfo], None] | None,
+                start: Paused | None = None, stop: int | None = None) -> tuple[Tensor, Paused | None]:
+    """One batched reverse process; returns the tokens (B, L) and None, or with `stop` before the
+    end the canvas at step `stop` and its `Paused` state (module docstring, 8). `start`: go on
+    from a paused state instead of the all-mask canvas at step 0."""
     mask_id, device = adapter.mask_id, adapter.device
     blocks = block_ranges(seq_len, cfg.block_size)
     if cfg.steps % len(blocks):
         raise ValueError(f"steps ({cfg.steps}) must divide evenly over {len(blocks)} blocks of {cfg.block_size}")
     grid = sampler.grid(cfg.steps // len(blocks))
+    per_block, total = len(grid), len(grid) * len(blocks)
+    first = 0 if start is None else start.step
+    last = total if stop is None else stop
+    if not 0 <= first <= last <= total:
+        raise ValueError(f"a trajectory of {total} steps cannot run steps {first}..{last - 1}")
     sampler.prepare([t for t, _ in grid] + [s for _, s in grid])
     z = torch.full((batch, seq_len), mask_id, dtype=torch.long, device=device)
     adapter.start(cfg.steps)
-    adapter.counter.start_trajectory(batch, seq_len)
     sampler.start(z)
-    network, step = _Network(adapter, cfg), 0
+    if start is None:
+        adapter.counter.start_trajectory(batch, seq_len)
+    else:
+        if start.z.shape != z.shape:
+            raise ValueError(f"the paused canvas is {tuple(start.z.shape)}, this run's {tuple(z.shape)}")
+        z = start.z
+        sampler.restore(start.sampler)
+        adapter.restore(start.adapter)
+    network = _Network(adapter, cfg)
     positions = torch.arange(seq_len, device=device)
-    left = []  # masked positions left in each block: read once, after the last block
+    left = []  # masked positions left in each block ended here: read once, at the end
+    active = None
     sampler.defer_checks(True)  # per-position rate checks: read with the step's one host read
     try:
-        for b, (lo, hi) in enumerate(blocks):
-            active = (positions >= lo) & (positions < hi)
-            for t, s in grid:
-                tr = sampler.transition(z, t, s, active)
-                u = torch.rand(z.shape, generator=generator, device=device, dtype=cfg.precision)
-                masked = z == mask_id
-                decoded, remasked = masked & (u < tr.unmask), ~masked & (u < tr.remask)
-                n, reused = network.plan(z, step, decoded, sampler.pending_checks())
-                x_theta, full, rows = network.step(z, step, t, decoded, n, reused)
-                z_s = z.masked_fill(remasked, mask_id)
-                token_prob = x_theta.new_empty(0)
-                if n:
-                    tokens, token_prob = draw_nucleus(x_theta, cfg.nucleus_p, generator)
-                    z_s.view(-1).scatter_(0, rows, tokens)
-                sampler.observe(z, z_s, decoded, token_prob, rows)
-                if callback is not None:
-                    p = cfg.nucleus_p
-                    callback(StepInfo(step, b, t, s, z, z_s, decoded, nucleus_filter(x_theta, p), tr, active, reused,
-                                      None if full is None else nucleus_filter(full, p)))
-                z, step = z_s, step + 1
-            left.append(((z == mask_id) & active).sum())
+        for step in range(first, last):
+            b, i = divmod(step, per_block)
+            if active is None or i == 0:
+                lo, hi = blocks[b]
+                active = (positions >= lo) & (positions < hi)
+            t, s = grid[i]
+            tr = sampler.transition(z, t, s, active)
+            u = torch.rand(z.shape, generator=generator, device=device, dtype=cfg.precision)
+            masked = z == mask_id
+            decoded, remasked = masked & (u < tr.unmask), ~masked & (u < tr.remask)
+            n, reused = network.plan(z, step, decoded, sampler.pending_checks())
+            x_theta, full, rows = network.step(z, step, t, decoded, n, reused)
+            z_s = z.masked_fill(remasked, mask_id)
+            token_prob = x_theta.new_empty(0)
+            if n:
+                tokens, token_prob = draw_nucleus(x_theta, cfg.nucleus_p, generator)
+                z_s.view(-1).scatter_(0, rows, tokens)
+            sampler.observe(z, z_s, decoded, token_prob, rows)
+            if callback is not None:
+                p = cfg.nucleus_p
+                callback(StepInfo(step, b, t, s, z, z_s, decoded, nucleus_filter(x_theta, p), tr, active, reused,
+                                  None if full is None else nucleus_filter(full, p)))
+            z = z_s
+            if i == per_block - 1:
+                left.append((b, ((z == mask_id) & active).sum()))
     finally:
         sampler.defer_checks(False)
-    for b, count in enumerate(torch.stack(left).tolist()):
-        if count:
-            raise RuntimeError(f"sampler {cfg.sampler!r} left {count} masked positions at the end of block {b}")
-    return z
+    if left:
+        for (b, _), count in zip(left, torch.stack([c for _, c in left]).tolist()):
+            if count:
+                raise RuntimeError(f"sampler {cfg.sampler!r} left {count} masked positions at the end of block {b}")
+    if last == total:
+        return z, None
+    return z, Paused(last, total, z.clone(), generator.get_state(), sampler.state(), adapter.state(), cfg)
 
 
 def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len: int,
            generator: torch.Generator | None = None,
-           callback: Callable[[StepInfo], None] | None = None) -> SampleResult:
+           callback: Callable[[StepInfo], None] | None = None,
+           start: Paused | None = None, stop: int | None = None) -> SampleResult:
     """Draw `num_samples` sequences of length `seq_len` with `adapter` (any callable with the
     adapter interface). Randomness comes from `generator` (default: one seeded with cfg.seed
-    on the model's device). The adapter's counter is reset first and copied into the result."""
+    on the model's device). The adapter's counter is reset first and copied into the result.
+    `stop` / `start`: pause one trajectory before reverse step `stop`, resume one from a `Paused`
+    (module docstring, 8; num_samples must fit one batch)."""
     device = adapter.device
     if generator is None:
         generator = torch.Generator(device).manual_seed(cfg.seed)
     sampler = build_sampler(cfg, adapter.mask_id)
     adapter.counter.reset()
     batch = cfg.batch_size or num_samples
-    chunks, refreshes = [], []
+    if (start is not None or stop is not None) and num_samples > batch:
+        raise ValueError(f"pausing or resuming runs one trajectory: num_samples ({num_samples}) must fit one batch "
+                         f"({batch})")
+    if start is not None:
+        theirs, ours = start.settings, cfg
+        if (theirs.steps, theirs.sampler, theirs.block_size) != (ours.steps, ours.sampler, ours.block_size):
+            raise ValueError(f"a trajectory paused with steps={theirs.steps}, sampler={theirs.sampler!r}, "
+                             f"block_size={theirs.block_size} cannot resume with steps={ours.steps}, "
+                             f"sampler={ours.sampler!r}, block_size={ours.block_size}")
+        generator.set_state(start.generator)
+    chunks, refreshes, paused = [], [], None
     model = getattr(adapter, "model", None)
     runtime.synchronize(device)
-    start = time.perf_counter()
+    t0 = time.perf_counter()
     with torch.inference_mode(), (constant_conditioning(model) if isinstance(model, torch.nn.Module)
                                   else contextlib.nullcontext()):
         for done in range(0, num_samples, batch):
-            chunks.append(_trajectory(adapter, sampler, cfg, min(batch, num_samples - done), seq_len, generator,
-                                      callback))
+            z, paused = _trajectory(adapter, sampler, cfg, min(batch, num_samples - done), seq_len, generator,
+                                    callback, start, stop)
+            chunks.append(z)
             refreshes.append(adapter.refresh_steps)
     runtime.synchronize(device)
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - t0
     refresh_steps = None if any(r is None for r in refreshes) else refreshes
-    return SampleResult(runtime.host(torch.cat(chunks)), adapter.counter.copy(), refresh_steps, seconds, cfg)
+    return SampleResult(runtime.host(torch.cat(chunks)), adapter.counter.copy(), refresh_steps, seconds, cfg, paused)
 
 
 __all__ = [
-    "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "Transition", "StepInfo", "Sampler", "SAMPLERS",
+    "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "Paused", "Transition", "StepInfo", "Sampler", "SAMPLERS",
     "build_sampler", "sample", "time_grid", "block_ranges", "alpha_at", "nucleus_filter", "predict_x0",
     "sample_categorical", "point_mass", "factored", "x_theta_rows", "draw_nucleus", "alpha_grid", "decoded_rows",
     "AUTOCAST",

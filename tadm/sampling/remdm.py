@@ -107,6 +107,12 @@ class ReMDMSampler(Sampler):
     def start(self, z: Tensor) -> None:
         self.conf = torch.full(z.shape, float("-inf"), dtype=self.settings.precision, device=z.device)
 
+    def state(self) -> dict:
+        return {"conf": self.conf.clone()}
+
+    def restore(self, state: dict) -> None:
+        self.conf = state["conf"].clone()
+
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         eta = self.settings.eta
         if self.strategy == "loop":

@@ -47,6 +47,7 @@ from tadm.data.packing import PACK_HINT, PackedTokens
 from tadm.errors import ConfigError, TadmError
 from tadm.io import read_manifest, atomic_write_json, atomic_write_text, sha256_file
 from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
+from tadm.metrics import replicates
 from tadm.train import checkpoint
 from tadm.train.methods import Method, get_method
 from tadm.train.divergence import FiniteWatch, check_value
@@ -59,8 +60,26 @@ class RunPaths:
     metrics: Path  # metrics/train/<name>  (+ .json / .csv / _eval.csv)
 
     @classmethod
-    def for_run(cls, name: str, root: Path = Path(".")) -> "RunPaths":
+    def for_run(cls, name: str, root: Path = Path("."), replicate: int = 0, seed: int = 0) -> "RunPaths":
+        """Run `name`'s directories; a training replicate (`replicate` > 0, trained with `seed`)
+        lives under a `replicates/<name>-s<seed>` subdirectory of each."""
+        if replicate:
+            tail = Path(REPLICATES) / replicate_name(name, seed)
+            return cls(root / "checkpoints" / tail, root / "models" / tail, root / "metrics" / "train" / tail)
         return cls(root / "checkpoints" / name, root / "models" / name, root / "metrics" / "train" / name)
+
+
+REPLICATES = "replicates"  # checkpoints/, models/ and metrics/train/ subdirectory of the training replicates
+
+
+def replicate_name(name: str, seed: int) -> str:
+    """A training replicate's name: the run and its seed (``tadm-s1``)."""
+    return f"{name}-s{seed}"
+
+
+def replicate_seeds(p: Params) -> list[int]:
+    """The seeds of the training replicates beyond the tables' run (train.replicates - 1 of them)."""
+    return replicates.replicate_seeds(p.seed, p.train.replicates)
 
 
 # ----------------------------------------------------------------------------- devices
@@ -257,7 +276,8 @@ def code_hash() -> str:
 # except for the model types in STEPS_IN_OBJECTIVE. (train.precision stays: bf16 autocast
 # changes the trajectory; the runtime section -- device, precision of inference, tf32, nproc,
 # compile -- is not part of a run's identity at all.)
-NOT_FINGERPRINTED = ("models", "steps", "log_every", "eval_every", "eval_sequences", "checkpoint_every")
+NOT_FINGERPRINTED = ("models", "steps", "log_every", "eval_every", "eval_sequences", "checkpoint_every", "replicates",
+                     "replicate_models")  # which runs train, not how one does
 # ADLM's anchor weight ramps with the fraction of train.steps done (methods.py: progress =
 # step / train.steps), so for it train.steps is part of the objective
 STEPS_IN_OBJECTIVE = ("adlm",)
@@ -307,13 +327,23 @@ def _write_rows(path: Path, rows: list[dict]) -> None:
 
 
 def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path = Path("."),
-          log=print, restart: bool = False) -> dict:
+          log=print, restart: bool = False, replicate: int = 0) -> dict:
     """Train run `name` (one of train.models) to train.steps; resume if interrupted.
 
+    `replicate` k > 0: train the run's k-th training replicate instead, the same recipe with seed
+    `seed + k` (every draw: initial weights, data order, noise), under
+    ``checkpoints/replicates/<name>-s<seed + k>`` (and models/, metrics/train/ likewise); k must
+    be below train.replicates.
     `restart`: move the run's checkpoints aside (``checkpoints/<name>.old-<step>``) and start
     fresh instead of resuming. The run holds its checkpoint directory's lock throughout
     (:func:`hold_run`): a second run on it is refused."""
     get_method(name, p)  # an unknown run name fails before anything else is read
+    if replicate:
+        if not 0 < replicate < p.train.replicates:
+            raise ConfigError("train.replicates", f"is {p.train.replicates}: there is no training replicate {replicate} "
+                              f"(1 .. {p.train.replicates - 1})")
+        p = dataclasses.replace(p, seed=p.seed + replicate)
+    paths = RunPaths.for_run(name, root, replicate, p.seed)
     d = runtime.setup(p.runtime)
     # the data is opened, and checked against its manifest, before the run directory is touched
     # (nothing is written, not even the lock, for data that does not match)
@@ -321,16 +351,16 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     data = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
     # before anything is allocated (or the run directory touched): will it fit this machine?
     memory_estimate.require(p, lambda q, on_gpu: memory_estimate.training_estimate(name, q, on_gpu), "model")
-    with hold_run(RunPaths.for_run(name, root).checkpoints, d, f"python -m tadm train {name}"):
-        return _train(name, p, d, data_dir, meta, data, root, log, restart)
+    command = f"python -m tadm train {name}" + (f" --replicate {replicate}" if replicate else "")
+    with hold_run(paths.checkpoints, d, command):
+        return _train(name, p, d, data_dir, meta, data, paths, log, restart, command)
 
 
 def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tuple[PackedTokens, PackedTokens],
-           root: Path, log, restart: bool) -> dict:
-    """:func:`train`'s body, run under the lock of the run's directory on the data `train` opened
-    (`meta`: the pack manifest's counts; `data`: the train and validation splits)."""
+           paths: RunPaths, log, restart: bool, command: str) -> dict:
+    """:func:`train`'s body, run under the lock of the run's directory (`paths`) on the data
+    `train` opened (`meta`: the pack manifest's counts; `data`: the train and validation splits)."""
     method = get_method(name, p)
-    paths = RunPaths.for_run(name, root)
     n_micro = p.train.global_batch // p.train.micro_batch
     if n_micro % d.world:
         raise ConfigError("train.global_batch", f"global_batch/micro_batch = {n_micro} micro-batches must divide among {d.world} processes")
@@ -355,7 +385,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
               f"{p.train.micro_batch} each per step (global batch {p.train.global_batch})")
     start, history, evals, init_nelbo = 0, [], [], None
     state = resume_state(paths.checkpoints, names, settings, steps=p.train.steps, steps_key="train.steps",
-                         restart=restart, hint=f"`python -m tadm train {name} --restart`", d=d, log=quiet,
+                         restart=restart, hint=f"`{command} --restart`", d=d, log=quiet,
                          expected=model.state_dict())
     if state is not None:
         model.load_state_dict(state.model)  # host tensors copied into the model on its device
@@ -431,7 +461,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
             state = checkpoint.TrainState(done, model.state_dict(), ema.state_dict(model), opt.state_dict(), extra)
             checkpoint.save(paths.checkpoints, state, names, keep=1 if done == p.train.steps else 2)
             _write_rows(paths.metrics.with_suffix(".csv"), history)
-            _write_rows(paths.metrics.parent / f"{name}_eval.csv", evals)
+            _write_rows(paths.metrics.with_name(paths.metrics.name + "_eval.csv"), evals)
 
     summary = {}
     if d.main:
@@ -440,7 +470,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
         speeds = [r["tokens_per_s"] for r in history[1:]] or [r["tokens_per_s"] for r in history]
         unigram = valid_data.unigram_entropy()
         summary = {
-            "run": name, "model_type": method.model_type, "steps": p.train.steps,
+            "run": paths.model.name, "model_type": method.model_type, "seed": p.seed, "steps": p.train.steps,
             "parameters": sum(t.numel() for t in model.parameters()),
             "val_nelbo_init": init_nelbo, "val_nelbo": evals[-1]["val_nelbo"],
             "val_ppl_bound": evals[-1]["val_ppl_bound"],
@@ -450,6 +480,6 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
         }
         atomic_write_json(paths.metrics.with_suffix(".json"), summary)
         _write_rows(paths.metrics.with_suffix(".csv"), history)
-        _write_rows(paths.metrics.parent / f"{name}_eval.csv", evals)
+        _write_rows(paths.metrics.with_name(paths.metrics.name + "_eval.csv"), evals)
     runtime.barrier(d)
     return summary

@@ -11,7 +11,7 @@ from tadm.dryrun import run
 # and runtime.nproc (2 processes through torchrun, gloo, where the paper profile runs several)
 SIZE_KEY = re.compile(r"^(d_model|n_heads|\w*_layers|fusion_rank|seq_len|shard_sequences|canvas_length|block_size|"
                       r"max_\w*tokens|max_context_tokens|\w*_tokens|steps|\w*_steps|\w*_every|num_samples|"
-                      r"\w*_samples|\w*_examples|\w*_eval|eval_sequences|validation_docs|max_docs|count|"
+                      r"\w*_samples|\w*_examples|\w*_canvases|\w*_eval|eval_sequences|validation_docs|max_docs|count|"
                       r"global_batch|micro_batch|batch_size|\w*_batch|\w*_batch_size|bootstrap|\w*_rounds|"
                       r"\w*block_size|nproc)$")
 

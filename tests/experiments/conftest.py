@@ -80,6 +80,7 @@ def posttrain_workspace(micro_packed, tmp_path_factory) -> Path:
     from tadm.data import sft
     from tadm.data.tokenizer import load_tokenizer
     from tadm.posttrain import model as dgm
+    from tadm.posttrain.train import fusion_runs
     from tests.posttrain.conftest import tiny_config
 
     root = tmp_path_factory.mktemp("posttrain")
@@ -93,16 +94,15 @@ def posttrain_workspace(micro_packed, tmp_path_factory) -> Path:
     base = DiffusionGemmaForBlockDiffusion(tiny_config(layers, vocab=len(tok), canvas=pt.canvas_length)).eval()
     base.save_pretrained(root / dgm.BASE_DIR)
     tok.save_pretrained(root / dgm.BASE_DIR)
-    tadm = dgm.build_tadm(base, p)
-    with torch.no_grad():  # the up-projection starts at zero: make TADM differ from the base
-        for q in tadm.fusion.parameters():
-            q.add_(0.05 * torch.randn_like(q))
-    dgm.save_fusion(tadm, root / dgm.TADM_DIR, "local")
-    control = dgm.build_tadm(base, p, fresh=True)  # Table 1's fresh-anchor control, as perturbed
-    with torch.no_grad():
-        for q in control.fusion.parameters():
-            q.add_(0.05 * torch.randn_like(q))
-    dgm.save_fusion(control, root / dgm.FRESH_DIR, "local")
+    # TADM's fusion and Table 1's fresh-anchor control, every run of each (posttrain.replicates),
+    # perturbed (the up-projection starts at zero: make TADM differ from the base)
+    for fresh in (False, True):
+        for run in fusion_runs(p, fresh, root):
+            model = dgm.build_tadm(base, p, fresh=fresh)
+            with torch.no_grad():
+                for q in model.fusion.parameters():
+                    q.add_(0.05 * torch.randn_like(q))
+            dgm.save_fusion(model, run.model, "local")
     train_asrd(p, tok, root, log=lambda *_: None)
     return root
 

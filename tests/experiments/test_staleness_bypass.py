@@ -68,7 +68,8 @@ def test_every_kl_is_the_prediction_it_names_computed_by_hand(model):
 
 COLUMNS = ["age", "kl_reused", "kl_reused_se", "kl_fused", "kl_fused_se", "recovery", "recovery_se", "kl_bypass",
            "kl_bypass_se", "recovery_vs_reused", "recovery_vs_reused_se", "growth_reused", "growth_reused_se",
-           "growth_bypass", "growth_bypass_se", "growth_fused", "growth_fused_se", "recovery_mean", "recovery_mean_se"]
+           "growth_bypass", "growth_bypass_se", "growth_fused", "growth_fused_se", "recovery_mean", "recovery_mean_se",
+           "recovery_vs_reused_mean", "recovery_vs_reused_mean_se"]
 
 
 def test_summary_means_are_the_step_means_and_the_csv_has_the_new_columns(measured, tmp_path):
@@ -78,6 +79,7 @@ def test_summary_means_are_the_step_means_and_the_csv_has_the_new_columns(measur
     assert np.allclose(means.to_numpy(), table[S.QUANTITIES].to_numpy(), rtol=1e-9, equal_nan=True)
     assert table.growth_bypass[1] == 1 and table.growth_reused[3] == pytest.approx(table.kl_reused[3] / table.kl_reused[1])
     assert table.recovery_mean[1] == pytest.approx(table.recovery[[1, 2, 3]].mean())
+    assert table.recovery_vs_reused_mean[1] == pytest.approx(table.recovery_vs_reused[[1, 2, 3]].mean())
     assert (table[[c for c in table.columns if c.endswith("_se")]].loc[2:] > 0).all().all()  # sequences differ
     assert table.growth_bypass_se[1] == 0  # a ratio to itself
     write_table(table, tmp_path, "anchor_staleness", "caption")
@@ -97,7 +99,7 @@ def test_identical_sequences_give_zero_se_although_the_steps_differ(model):
     steps = m.frame().groupby("age")[S.QUANTITIES].sem()
     assert (steps.loc[1:, ["kl_fused", "kl_bypass", "kl_reused", "recovery"]] > 0).all().all()  # the steps differ
     for c in ["kl_fused", "kl_bypass", "kl_reused", "recovery", "recovery_vs_reused", "growth_bypass", "growth_reused",
-              "cosine", "rel_l2", "gate", "correction", "recovery_mean"]:
+              "cosine", "rel_l2", "gate", "correction", "recovery_mean", "recovery_vs_reused_mean"]:
         se, value = table[f"{c}_se"].loc[1:].to_numpy(), table[c].loc[1:].to_numpy()
         assert np.all(np.abs(se) <= 1e-9 * np.maximum(np.abs(value), 1e-12)), c
 

@@ -59,7 +59,8 @@ def test_log_eval_checkpoint_cadence_and_runtime_are_not_part_of_a_run():
     manifest = config.ROOT / "pyproject.toml"  # any file: only its hash enters the settings
     base = run_settings("tadm", _params(), manifest)
     other = _params(**{"train.steps": 9, "train.log_every": 5, "train.eval_every": 7, "train.eval_sequences": 2,
-                       "train.checkpoint_every": 3, "train.models": ["tadm"], "runtime.nproc": 2,
+                       "train.checkpoint_every": 3, "train.models": ["tadm"], "train.replicates": 3,
+                       "train.replicate_models": ["tadm"], "runtime.nproc": 2,
                        "runtime.compile": True, "runtime.device": "cpu", "runtime.precision": "fp32",
                        "runtime.tf32": False})
     assert run_settings("tadm", other, manifest) == base

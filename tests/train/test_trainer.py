@@ -71,6 +71,39 @@ def test_every_method_trains_and_saves_a_loadable_model(run, micro_packed, tmp_p
             assert torch.equal(ck[f"anchor_head.{k}"], v), k
 
 
+def test_a_training_replicate_is_the_same_recipe_with_the_next_seed_under_replicates(micro_packed, tmp_path):
+    p = config.from_dict(micro_raw(**{"train.steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2,
+                                      "train.replicates": 3}))
+    main = train("tadm", p, data_dir=micro_packed, root=tmp_path, log=lambda *_: None)
+    rep = train("tadm", p, data_dir=micro_packed, root=tmp_path, log=lambda *_: None, replicate=2)
+    assert main["run"] == "tadm" and main["seed"] == p.seed
+    assert rep["run"] == "tadm-s2" and rep["seed"] == p.seed + 2 and rep["model_type"] == "tadm"
+    tail = Path("replicates") / "tadm-s2"
+    assert json.loads((tmp_path / "metrics/train" / tail.with_suffix(".json")).read_text()) == rep
+    assert (tmp_path / "metrics/train/replicates/tadm-s2_eval.csv").is_file()
+    assert (tmp_path / "checkpoints" / tail / "step_000002").is_dir()
+    a = load_file(str(tmp_path / "models/tadm/model.safetensors"))
+    b = load_file(str(tmp_path / "models" / tail / "model.safetensors"))
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)  # another seed, other weights
+    # the same seed as a main run of seed + 2 (the replicate IS that run, in another directory)
+    q = config.from_dict({**micro_raw(**{"train.steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2,
+                                         "train.replicates": 3}), "seed": p.seed + 2})
+    train("tadm", q, data_dir=micro_packed, root=tmp_path / "other", log=lambda *_: None)
+    c = load_file(str(tmp_path / "other/models/tadm/model.safetensors"))
+    assert all(torch.equal(b[k], c[k]) for k in b)
+
+
+def test_how_many_replicates_train_is_not_part_of_a_run_s_identity(micro_packed):
+    from tadm.train.trainer import fingerprint
+
+    manifest = micro_packed / "manifest.json"
+    p = config.from_dict(micro_raw())
+    same = [fingerprint("tadm", config.override(p, {"train.replicates": n, "train.replicate_models": m}), manifest)
+            for n, m in ((1, []), (3, ["tadm"]), (2, ["mdlm", "tadm", "tadm_gamma0"]))]
+    assert len(set(same)) == 1
+    assert fingerprint("tadm", config.override(p, {"seed": 1}), manifest) != same[0]  # the seed is
+
+
 def test_validation_nelbo_falls_below_initialisation(micro_packed, tmp_path):
     p = config.from_dict(micro_raw(**{"train.steps": 150, "train.eval_every": 150, "train.lr": 3.0e-3,
                                       "train.warmup_steps": 5, "train.ema": 0.5, "train.eval_sequences": 32}))

@@ -641,11 +641,12 @@ def _replicated(inp: Inputs, metric: str, a_row: str, b_row: str, T: int | None)
     return out | {"value": value, "se": se, "df": pool.df}
 
 
-def _covers(got: dict) -> str:
+def _covers(got: dict, metric: str) -> str:
+    sampled = "samples and references" if metric == "mauve" else "samples"
     if got["pool"] is None:
-        return "samples and references (paired bootstrap) of one training run per model: no training variance"
+        return f"{sampled} (paired bootstrap) of one training run per model: no training variance"
     return (f"training runs ({got['runs']} per model; between-run variance pooled over the replicated rows, "
-            f"{got['pool'].df} df) and each run's samples and references (paired bootstraps)")
+            f"{got['pool'].df} df) and each run's {sampled} (paired bootstraps)")
 
 
 def _mean_cells(inp: Inputs, metric: str, row: str, T: int, seeds) -> float:
@@ -664,7 +665,7 @@ def _table2_quality(inp: Inputs, c: Claim, metric: str, a_row: str, b_row: str, 
     c.value, c.se, c.df, c.n = sign * got["value"], got["se"], got["df"], got["n"]
     c.training = got["pool"]
     c.training_arms = (got["runs"], got["runs"]) if got["pool"] else None
-    c.covers = _covers(got)
+    c.covers = _covers(got, metric)
     seeds = sorted(got["per_seed"])
     first, second = (a_row, b_row) if sign > 0 else (b_row, a_row)
     if metric == "mauve":
@@ -686,7 +687,7 @@ def _table2_quality(inp: Inputs, c: Claim, metric: str, a_row: str, b_row: str, 
 def _throughput_claim(inp: Inputs, rules: Rules) -> Claim:
     T1 = inp.budget(1)
     c = Claim("throughput_vs_adlm", "TADM samples faster than ADLM at T = 1024, K = 8 (up to 1.73x the measured "
-              "throughput)", "1.73x", DIRECTION, paper_value=0.73,
+              "throughput)", "1.73x", DIRECTION,
               test="TADM / ADLM tokens/s - 1 > 0 (the paper's 1.73x, a GPU figure at T = 1024, shown for reference, "
               "not judged)", source="results/throughput.json", covers="timing rounds (paired per-round ratios)",
               n_unit="rounds")
@@ -906,7 +907,7 @@ def _t1_accuracy(inp: Inputs, c: Claim, k_of, ref_family: str, ref_trained: bool
 
 def _t1_throughput(inp: Inputs, rules: Rules) -> Claim:
     c = Claim("posttrain_throughput", "TADM:Post-train samples faster than its frozen base (+49% to +79% at K = 2, 3)",
-              "1.49x-1.79x", DIRECTION, paper_value=0.49,
+              "1.49x-1.79x", DIRECTION,
               test="largest K's throughput over base - 1 > 0 (median of paired batch-time ratios; over several tasks "
               "their geometric mean; the paper's GPU range shown for reference, not judged)", source="results/table1.json",
               covers="prompt batches (paired per-batch ratios)", n_unit="batches")
@@ -1091,6 +1092,11 @@ margin) this run detects with {pw:.0%} power, and the n that would detect the pa
 training runs per arm where the training variance alone keeps samples from getting there)."""
 
 
+def _md(text) -> str:
+    """A Markdown table cell: its pipes escaped (KL(p || q) would split the row)."""
+    return str(text).replace("|", "\\|")
+
+
 def to_markdown(cs: list[Claim], pre: list[dict], profile: str, params: Params | None = None) -> str:
     cfg = (params.claims if params is not None else None)
     rules = Rules.of(params) if params is not None else Rules()
@@ -1110,16 +1116,16 @@ def to_markdown(cs: list[Claim], pre: list[dict], profile: str, params: Params |
             if c.extra.get("family_size", 1) > 1:
                 family += (f" ({c.extra['family_size']} findings; adjusted p {c.extra['p_reproduced_adjusted']:.3g} / "
                            f"{c.extra['p_contradicted_adjusted']:.3g})")
-            lines.append(f"| {c.claim} | {c.paper} | {c.shown or '–'} | {c.kind}: {c.test} | {c.covers or '–'} | "
-                         f"{family} | {_sens(c)} | **{c.verdict}** |")
+            lines.append(f"| {_md(c.claim)} | {_md(c.paper)} | {_md(c.shown or '–')} | {c.kind}: {_md(c.test)} | "
+                         f"{_md(c.covers or '–')} | {_md(family)} | {_sens(c)} | **{c.verdict}** |")
     checks = [c for c in cs if not c.finding]
     n_pass = sum(c.verdict == PASS for c in checks)
     lines += ["", f"## Implementation checks ({n_pass} of {len(checks)} pass; not findings)", "",
               "| check | design | this run | test | result |", "|---|---|---|---|---|"]
-    lines += [f"| {c.claim} | {c.paper} | {c.shown or '–'} | {c.test} | **{c.verdict}** |" for c in checks]
+    lines += [f"| {_md(c.claim)} | {_md(c.paper)} | {_md(c.shown or '–')} | {_md(c.test)} | **{c.verdict}** |" for c in checks]
     if pre:
         lines += ["", "## What the verdicts rest on", "", "| check | this run | wanted | met | gates |", "|---|---|---|---|---|"]
-        lines += [f"| {r['check']} | {r['shown']} | {r['wanted']} | {'yes' if r.get('passed') else 'no'} | "
+        lines += [f"| {_md(r['check'])} | {_md(r['shown'])} | {_md(r['wanted'])} | {'yes' if r.get('passed') else 'no'} | "
                   f"{', '.join(r.get('gates') or ()) or '–'} |" for r in pre]
     notes = [c for c in cs if c.notes]
     if notes:
@@ -1133,7 +1139,7 @@ def summary_markdown(cs: list[Claim], profile: str) -> str:
     lines = [f"Findings at the {profile} profile: " + ", ".join(f"{n} {v}" for v, n in t.items() if n) +
              " (rules and uncertainty: [paper_figures/claims.md](paper_figures/claims.md))", "",
              "| finding | paper | this run | verdict |", "|---|---|---|---|"]
-    lines += [f"| {c.claim} | {c.paper} | {c.shown or '–'} | {c.verdict} |" for c in cs if c.finding]
+    lines += [f"| {_md(c.claim)} | {_md(c.paper)} | {_md(c.shown or '–')} | {c.verdict} |" for c in cs if c.finding]
     return "\n".join(lines) + "\n"
 
 

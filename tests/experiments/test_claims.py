@@ -309,8 +309,12 @@ def _staleness(root, kl_reused, kl_fused, kl_bypass, growth_se=0.5, rec_se=0.01)
 def test_staleness_uses_the_per_sequence_se_and_recovery_is_against_re_serving_the_stale_prediction(run_dir):
     p, root = run_dir
     _staleness(root, lambda a: 0.01 * a, lambda a: 0.001 * a, lambda a: 0.5 + 0.002 * a)
-    got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
+    got = {c.id: c for c in C.write(p, root, out=root / "paper_figures")}
     grow, rec = got["staleness_growth"], got["fusion_recovery"]
+    # "KL(fresh || ...)" inside a Markdown table row: its pipes escaped, every row keeps its 8 cells
+    rows = [line for line in (root / "paper_figures/claims.md").read_text().splitlines()
+            if line.startswith("| a cached anchor") or line.startswith("| the fusion with")]
+    assert len(rows) == 2 and all("KL(fresh \\|\\| " in r and r.replace("\\|", "").count("|") == 9 for r in rows)
     assert grow.value == pytest.approx(7.0) and grow.se == 0.5 and grow.verdict == C.REPRODUCED and grow.n == 16
     assert rec.value == pytest.approx(0.9) and rec.se == 0.01  # 1 - 0.001 a / 0.01 a at every age
     bypass = np.mean([1 - 0.001 * a / (0.5 + 0.002 * a) for a in range(1, 9)])

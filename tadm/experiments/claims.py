@@ -96,7 +96,7 @@ import numpy as np
 from tadm.config import Params
 from tadm.io import atomic_write_text
 from tadm.metrics.bootstrap import paired_log_ppl_ratio, paired_mauve_diff, resamples, spread
-from tadm.metrics.replicates import Pooled, critical, pooled_between, replicate_seeds, runs_needed
+from tadm.metrics.replicates import Pooled, critical, pooled_between, replicate_seeds, replicated_difference, runs_needed
 
 # findings
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
@@ -635,9 +635,9 @@ def _replicated(inp: Inputs, metric: str, a_row: str, b_row: str, T: int | None)
            "main": (per[main], math.sqrt(var[main]))}
     if pool is None:
         return out | {"value": per[main], "se": math.sqrt(var[main]), "df": None}
-    n = len(seeds)
-    value = sum(per.values()) / n
-    se = math.sqrt(pool.var_between * 2 / n + sum(var.values()) / n ** 2)
+    a, b = inp.cells(metric, a_row, T), inp.cells(metric, b_row, T)  # mean(a) - mean(b) = the mean paired difference
+    value, se = replicated_difference([a[s][0] for s in seeds], [b[s][0] for s in seeds],
+                                      sum(var.values()) / len(seeds) ** 2, pool)
     return out | {"value": value, "se": se, "df": pool.df}
 
 

@@ -19,7 +19,7 @@ h_fresh = A(S(z_i)) on the same canvas z_i:
                                              it is p_fresh of step i - k, computed once per step
     recovery      1 - kl_fused / kl_bypass: the share of the fusion-bypassed gap that running the
                   fusion on the current canvas closes (1: all of it, 0: none). This is the fusion's
-                  own ablation (issue 31): against D(h_stale), not against re-serving a prediction
+                  own ablation: against D(h_stale), not against re-serving a prediction
     recovery_vs_reused   1 - kl_fused / kl_reused: the share of the gap of re-serving the stale
                   prediction that Alg. 1 closes (the claims' fusion-recovery finding); it credits
                   the fusion with all that seeing the current canvas gives, while `recovery` is
@@ -340,7 +340,7 @@ def growth(table, age: int | None = None, kl: str = "kl_fused") -> tuple[float, 
 
 def growth_note(table, target: float = 10.0) -> str:
     """One paragraph, with this run's numbers, on how the stale-vs-fresh KL grows with cache age
-    against `target` (the growth from age 1 to the oldest age that issue 14 asks for), and why
+    against `target` (the growth from age 1 to the oldest age), and why
     it falls short when it does: the unfused reuse KL's power law in the age (a log-log fit,
     KL_reused ~ age^p) bounds the growth to about oldest^p, so `target` needs
     p >= log(target) / log(oldest); the fusion's recovery sets how much of it reaches the output."""

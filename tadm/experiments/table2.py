@@ -12,7 +12,7 @@ Rows (paper Table 2; the sampler each one uses):
     adlm          ADLM, ReMDM-loop
     tadm_gamma0   TADM-dagger (gamma = 0), ReMDM-loop, anchor refreshed every K (sample.refresh_every)
     tadm          TADM-double-dagger (gamma = train.gamma), the same
-    tadm_nofusion TADM-double-dagger's model with the fusion bypassed (issue 31): the same anchor
+    tadm_nofusion TADM-double-dagger's model with the fusion bypassed: the same anchor
                   cache and K, but the denoiser reads the cached anchor as is, D(h), never the
                   current canvas between refreshes (`TADMAdapter(bypass_fusion=True)`)
 

@@ -102,13 +102,13 @@ def replicate_seeds(seed: int, replicates: int) -> list[int]:
 
 
 def replicated_accuracy_delta(a_runs: Sequence, ref_runs: Sequence, pooled: Pooled | None, ref_trained: bool,
-                              B: int = 1000, seed: int = 0xB007) -> tuple[float, float]:
+                              B: int = 1000, seed: int = 0xB007, a_trained: bool = True) -> tuple[float, float]:
     """Accuracy of arm a minus the reference's, in points, over training runs: each run a
     (sampling seeds x examples) 0/1 matrix on the same examples. The effect is the per-example
     difference of the means over runs and seeds, averaged over examples; its se combines the
     example bootstrap of those per-example differences (`bootstrap.mean_se`: which examples were
-    asked, the decoding noise) with the pooled between-run variance (points^2) times 1/n_a
-    (+ 1/n_ref for a trained reference; None: no training term)."""
+    asked, the decoding noise) with the pooled between-run variance (points^2) times 1/n_a for a
+    trained arm (`a_trained`) plus 1/n_ref for a trained reference (`pooled` None: no training term)."""
     import numpy as np
 
     from tadm.metrics.bootstrap import mean_se
@@ -120,7 +120,8 @@ def replicated_accuracy_delta(a_runs: Sequence, ref_runs: Sequence, pooled: Pool
                          "(seeds x examples, the same examples)")
     diffs = 100.0 * (a.mean((0, 1)) - b.mean((0, 1)))
     within = mean_se(diffs, B, seed) ** 2 if len(diffs) > 1 else float("nan")
-    train = 0.0 if pooled is None else pooled.var_between * (1.0 / len(a) + (1.0 / len(b) if ref_trained else 0.0))
+    train = 0.0 if pooled is None else pooled.var_between * ((1.0 / len(a) if a_trained else 0.0)
+                                                             + (1.0 / len(b) if ref_trained else 0.0))
     return float(diffs.mean()), math.sqrt(within + train)
 
 

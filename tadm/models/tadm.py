@@ -51,7 +51,7 @@ class TADM(TadmModel):
         """S, Phi and D's blocks: current state z_t (B, L) and a cached anchor h (B, L, d) ->
         the denoiser's last hidden states (B, L, d).
 
-        ``fusion=False`` is the fusion ablation ("fusion bypassed", issue 31): Phi and S(z_t) are
+        ``fusion=False`` is the fusion ablation ("fusion bypassed"): Phi and S(z_t) are
         skipped and D's blocks read the anchor as is, D(h). No weight is touched or replaced (the
         same denoiser, conditioning and head); z_t is then only checked for its shape: between
         refreshes the denoiser does not see the current canvas at all, only the canvas the anchor

@@ -230,12 +230,6 @@ class Method:
         self.row, self.run_seed = row or label, run_seed
 
     @property
-    def trained(self) -> bool:
-        """A row whose fusion's training run moves its accuracy: the control, and TADM at K >= 2
-        (at K = 1 TADM is the base by construction: a fresh anchor makes the fusion's correction zero)."""
-        return self.family == "control" or (self.family == "tadm" and (self.k or 1) > 1)
-
-    @property
     def decoder_owner(self):
         """The object whose ``forward`` generate calls once per denoising step."""
         return self.base if self.model is None else self.model
@@ -574,14 +568,11 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
                              "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps, pt.canvas_length),
                              "examples": r["examples"], **flops[m.label],
                              **throughput(r["timed"], runner.tokens_per_prompt(task))}
-        _add_same_outputs(rows, methods, replicas, runs, main_seeds)
+        bypass = _add_same_outputs(rows, methods, replicas, runs, main_seeds)
         for m in methods:
             if m.family in ("tadm", "control"):  # the fusion's runs: the main run first, then its replicates
-                rows[m.label]["runs"] = [_run_record(m, runs[m.label])] + [
-                    _run_record(x, runs[x.label], rows[m.label].get("same_output_as_bypass_runs", {}))
-                    for x in replicas if x.row == m.label]
-                rows[m.label]["runs"][0].update(_bypass_of(rows[m.label]))
-                rows[m.label].pop("same_output_as_bypass_runs", None)
+                rows[m.label]["runs"] = [_run_record(x, runs[x.label], bypass)
+                                         for x in [m, *(x for x in replicas if x.row == m.label)]]
         add_speedups(rows, methods[0].label)
         between = add_statistics(rows)
         results["tasks"][name] = {"n": len(task.prompts), "between_run": between, "methods": rows,
@@ -599,26 +590,26 @@ def _same_share(a: dict[int, list[str]], b: dict[int, list[str]], seeds: list[in
     return sum(same) / len(same)
 
 
-def _add_same_outputs(rows: dict, methods: list[Method], replicas: list[Method], runs: dict, seeds: list[int]) -> None:
+def _add_same_outputs(rows: dict, methods: list[Method], replicas: list[Method], runs: dict,
+                      seeds: list[int]) -> dict[str, float]:
     """How often two rows write the very same completion, at the same K, example and seed (over
     posttrain.seeds, which every row decodes): each training-free cache row against TADM
     (``same_output_as_tadm``), and each TADM row (and each of its replicate runs) against the
     naive-reuse row, TADM with its fusion bypassed (``same_output_as_bypass``; absent where no naive
-    row runs at that K): does the trained fusion change what is written?"""
+    row runs at that K): does the trained fusion change what is written? Returns the latter share of
+    every TADM run, main and replicate, by its method label."""
     tadm = {m.k: m.label for m in methods if m.family == "tadm"}
     naive = {m.k: m.label for m in methods if m.family == "naive"}
+    bypass_runs = {}
     for m in methods:
         if m.family in CACHE_METHODS and m.k in tadm:
             rows[m.label]["same_output_as_tadm"] = _same_share(runs[m.label]["texts"], runs[tadm[m.k]]["texts"], seeds)
         if m.family == "tadm" and m.k in naive:
             bypass = runs[naive[m.k]]["texts"]
-            rows[m.label]["same_output_as_bypass"] = _same_share(runs[m.label]["texts"], bypass, seeds)
-            rows[m.label]["same_output_as_bypass_runs"] = {
-                x.label: _same_share(runs[x.label]["texts"], bypass, seeds) for x in replicas if x.row == m.label}
-
-
-def _bypass_of(row: dict) -> dict:
-    return {"same_output_as_bypass": row["same_output_as_bypass"]} if "same_output_as_bypass" in row else {}
+            bypass_runs.update({x.label: _same_share(runs[x.label]["texts"], bypass, seeds)
+                                for x in [m, *replicas] if x.row == m.label})
+            rows[m.label]["same_output_as_bypass"] = bypass_runs[m.label]
+    return bypass_runs
 
 
 def _run_record(m: Method, r: dict, bypass: dict | None = None) -> dict:
@@ -626,7 +617,7 @@ def _run_record(m: Method, r: dict, bypass: dict | None = None) -> dict:
     per-seed accuracies and per-example correctness (one list per sampling seed, in `seeds` order)."""
     out = {"seed": m.run_seed, "accuracy": statistics.mean(r["accs"]), "accuracy_seeds": r["accs"],
            "seeds": r["seeds"], "correct_seeds": r["correct"]}
-    if bypass is not None and m.label in bypass:
+    if m.label in (bypass or {}):
         out["same_output_as_bypass"] = bypass[m.label]
     return out
 
@@ -683,11 +674,7 @@ def accuracy_delta(a: dict, b: dict, pooled) -> tuple[float, float]:
 
     if a is b:
         return 0.0, 0.0
-    ta, tb = pooled is not None and trained_row(a), pooled is not None and trained_row(b)
-    if ta or not tb:
-        return replicated_accuracy_delta(_runs_of(a), _runs_of(b), pooled if ta else None, tb)
-    d, se = replicated_accuracy_delta(_runs_of(b), _runs_of(a), pooled, False)  # only b trained
-    return -d, se
+    return replicated_accuracy_delta(_runs_of(a), _runs_of(b), pooled, trained_row(b), a_trained=trained_row(a))
 
 
 def _num(x: float) -> float | None:

@@ -409,8 +409,13 @@ def load_models(p: Params, root: Path = Path("."), dist: runtime.Dist | None = N
     `runtime.setup(p.runtime)`)."""
     from tadm.data.tokenizer import load_tokenizer
 
-    d = dist or runtime.setup(p.runtime)
     source = dgm.base_source(p, root)
+    if p.posttrain.base_model == "local" and not (Path(source) / "config.json").is_file():
+        # checked here: root / BASE_DIR drops the "./" by which load_base tells a local directory from a hub id
+        # ("models/dg_base" reads as one), so a missing local base would be looked up on the hub
+        raise DataError(f"{source}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro train, "
+                        "or alone: python -m tadm dg-base)")
+    d = dist or runtime.setup(p.runtime)
     base = dgm.load_base(source, p.posttrain.precision, d.device)
     fresh = _fusion_model(base, p, root / dgm.FRESH_DIR, fresh=True) if control else None
     return base, _fusion_model(base, p, root / dgm.TADM_DIR), fresh, load_tokenizer(source)

@@ -75,11 +75,13 @@ def parameter(name: str, value: Any, key: Optional[str] = None, *, entry: bool =
 
 def apply(params: Params, changes: dict[str, tuple[str, Any]]) -> Params:
     """`params` with each dotted key set to a notebook parameter's value, ``{key: (name, value)}``
-    (None values skipped), validated like a params file; an error about one of these keys (a
-    cross-key check: a K beyond sample_steps, a device name) names the parameter."""
+    (None values skipped): each value checked as its key (:func:`parameter`), then the whole
+    validated like a params file; a cross-key error about one of these keys (a K beyond
+    sample_steps, a device name) names the parameter too."""
+    values = {key: parameter(name, value, key) for key, (name, value) in changes.items()}
     names = {key: name for key, (name, value) in changes.items() if value is not None}
     try:
-        return override(params, {key: value for key, (_, value) in changes.items()}, source=SOURCE)
+        return override(params, values, source=SOURCE)
     except ConfigError as e:
         key = re.sub(r"\[\d+\]$", "", e.key)
         if key in names:

@@ -16,7 +16,7 @@ class ConfigError(TadmError):
     """A parameter in params.yaml (or a profile) is unknown, mistyped or out of range."""
 
     def __init__(self, key: str, message: str, source: str = "params.yaml"):
-        self.key = key
+        self.key, self.detail, self.source = key, message, source
         super().__init__(f"{source}: {key}: {message}" if key else f"{source}: {message}")
 
 

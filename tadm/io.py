@@ -47,11 +47,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success rename it onto `path`.
 
     Works for files and directories. On error the temporary is removed and any previous
-    `path` is left untouched.
+    `path` is left untouched. A parent that cannot be created or written (a file in the way,
+    no permission, /proc) is a one-line DataError naming it.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as e:  # an output directory that cannot be made or written: one line, not a traceback
+        raise DataError(f"{path.parent}: cannot write {path.name} there ({e.strerror or e}); "
+                        "choose a writable output directory") from None
     target = tmp / path.name
     try:
         yield target

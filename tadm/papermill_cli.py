@@ -13,16 +13,60 @@ CLI with the arguments unchanged::
 
 The pipeline's stages keep ``papermill ...`` as their command; ``tadm.stage_times`` starts it
 through here. The notebook kernel never imports jsonschema, so nothing else changes.
+
+Two things differ from papermill's own CLI, both about errors: a parameter the notebook does not
+declare (``-p profile paper`` where papermill would only warn and run the params file's profile)
+is refused before the kernel starts, and a notebook cell that failed with a one-line error
+(``tadm.config.notebook.one_line_errors``: a bad parameter, a missing input) is printed as that
+line, ``error: ...``, with exit status 2 instead of papermill's traceback. Other failures keep
+papermill's report.
 """
 
+import logging
 import sys
+
+UNKNOWN = "Passed unknown parameter: "
+
+
+class UnknownParameter(Exception):
+    pass
+
+
+class _RefuseUnknown(logging.Filter):
+    """papermill logs "Passed unknown parameter: <name>" and runs on; stop it there instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith(UNKNOWN):
+            raise UnknownParameter(message[len(UNKNOWN):])
+        return True
 
 
 def main() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)  # absent: its import raises ImportError
     from papermill.cli import papermill
+    from papermill.exceptions import PapermillExecutionError
 
-    papermill(prog_name="papermill")
+    logging.getLogger("papermill").addFilter(_RefuseUnknown())
+    try:
+        papermill(prog_name="papermill")
+    except UnknownParameter as e:
+        from tadm.config.notebook import SOURCE
+
+        hint = ("; the profile is the params file's: render another with python -m tadm profile NAME" if str(e) == "profile"
+                else "")
+        sys.exit(_error(f"{SOURCE}: {e}: the notebook has no such parameter (papermill would ignore it){hint}"))
+    except PapermillExecutionError as e:
+        from tadm.config.notebook import one_line
+
+        if list(e.traceback or ()) == [one_line(e.ename, e.evalue)]:
+            sys.exit(_error(e.evalue))
+        raise
+
+
+def _error(line: str) -> int:
+    print(f"error: {line}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

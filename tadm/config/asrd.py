@@ -47,12 +47,12 @@ class AsrdConfig:
     spelling_train: int = spec(4000, ge=1)
     spelling_eval: int = spec(200, ge=1)  # held-out numbers
     eval_examples: int = spec(0, ge=0)  # arithmetic problems scored; 0 = all SFT validation ones
-    seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
+    seeds: list[int] = spec([0, 1, 2], nonempty=True, unique=True, ge=0)
     batch_size: int = spec(32, ge=1)  # sequences decoded together
     # one-at-a-time sweeps around the default ASRD on the masked model (first seed; [] skips one)
-    sweep_capacity: list[int] = spec([12, 16, 20], ge=1)  # anchor tokens cache sizes
-    sweep_window: list[int] = spec([1, 2, 4], ge=1)  # consistency windows k
-    sweep_block_size: list[int] = spec([4, 8, 12, 24], ge=1)  # semi-AR blocks: each must tile response_tokens
+    sweep_capacity: list[int] = spec([12, 16, 20], unique=True, ge=1)  # anchor tokens cache sizes
+    sweep_window: list[int] = spec([1, 2, 4], unique=True, ge=1)  # consistency windows k
+    sweep_block_size: list[int] = spec([4, 8, 12, 24], unique=True, ge=1)  # semi-AR blocks: each must tile response_tokens
     sweep_examples: int = spec(0, ge=0)  # first examples of each task the sweeps score; 0 = all
     # the masked diffusion LM the comparison runs on (MDLM, `model` section's width, depth and GELU,
     # its own MLP width: the tasks are mostly memorised, and a 2d MLP fits them far worse)
@@ -66,7 +66,7 @@ class AsrdConfig:
     # LLaDA (the seed paper's model family, tadm.models.llada; tadm.asrd.llada): a hub id or a
     # local directory of LLaDA's released config.json + safetensors + tokenizer; "" = not run
     llada_model: str = ""
-    llada_tasks: list[Literal["gsm8k", "humaneval"]] = spec(["gsm8k", "humaneval"], nonempty=True)
+    llada_tasks: list[Literal["gsm8k", "humaneval"]] = spec(["gsm8k", "humaneval"], nonempty=True, unique=True)
     llada_gen_tokens: int = spec(256, ge=1)  # generated positions after the chat-templated prompt
     llada_block_size: int = spec(32, ge=1)  # semi-AR block of the LLaDA runs
     llada_steps: int = spec(256, ge=1)  # over the generated positions
@@ -78,7 +78,7 @@ class AsrdConfig:
     # and naive reuse refreshed every K of llada_cache_refresh; dLLM-Cache as released per task
     # (tasks not named: no such row)
     llada_cache_methods: list[Literal["prefix", "dual", "feature", "naive"]] = spec(
-        ["prefix", "dual", "feature", "naive"])
-    llada_cache_refresh: list[int] = spec([2, 3], ge=2)  # K = 1 is the base itself
+        ["prefix", "dual", "feature", "naive"], unique=True)
+    llada_cache_refresh: list[int] = spec([2, 3], unique=True, ge=2)  # K = 1 is the base itself
     llada_dllm_cache: dict[str, DllmCacheConfig] = spec(
         {"gsm8k": DllmCacheConfig(50, 7, 0.25), "humaneval": DllmCacheConfig(50, 8, 0.25)})

@@ -68,7 +68,7 @@ class SftConfig:
     arithmetic_examples: int = spec(2000, ge=0)
     arithmetic_max_operand: int = spec(99, ge=1)
     arithmetic_max_ops: int = spec(3, ge=1)  # operations per problem: 1..max_ops
-    arithmetic_ops: list[Literal["+", "-", "*"]] = spec(["+", "-", "*"], nonempty=True)
+    arithmetic_ops: list[Literal["+", "-", "*"]] = spec(["+", "-", "*"], nonempty=True, unique=True)
     hub_sources: list[HubSftSource] = spec([])
     # GSM8K for evaluation: null (unused), "hub" (openai/gsm8k) or a directory with
     # train.jsonl / test.jsonl

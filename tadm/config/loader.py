@@ -19,7 +19,7 @@ from tadm.config.params import Params, RuntimeConfig
 from tadm.config.posttrain import PosttrainConfig
 from tadm.config.pretrain import ModelConfig, TrainConfig
 from tadm.config.reading import read_yaml
-from tadm.config.sampling import SampleConfig
+from tadm.config.sampling import SampleConfig, TrainedEvaluatorConfig
 from tadm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +119,8 @@ def _check_rules(value: Any, rules: dict, key: str, source: str) -> None:
         raise ConfigError(key, "must not be empty", source)
     if "length" in rules and len(value) != rules["length"]:
         raise ConfigError(key, f"must have exactly {rules['length']} entries, got {len(value)}", source)
+    if rules.get("unique") and len(set(value)) != len(value):
+        raise ConfigError(key, f"must not repeat a value, got {value}", source)
     items = value if isinstance(value, list) else [value]
     for i, v in enumerate(items):
         name = f"{key}[{i}]" if isinstance(value, list) else key
@@ -251,11 +253,14 @@ class _CROSS_CHECKS:
     def TrainConfig(c: TrainConfig, p: str, src: str) -> None:
         if c.global_batch % c.micro_batch:
             raise ConfigError(f"{p}.global_batch", f"must be a multiple of micro_batch ({c.micro_batch}), got {c.global_batch}", src)
-        if len(set(c.replicate_models)) != len(c.replicate_models):
-            raise ConfigError(f"{p}.replicate_models", f"must not repeat a run, got {c.replicate_models}", src)
         outside = [r for r in c.replicate_models if r not in c.models]
         if outside:
             raise ConfigError(f"{p}.replicate_models", f"{outside[0]!r} is not in train.models ({c.models})", src)
+
+    @staticmethod
+    def TrainedEvaluatorConfig(c: TrainedEvaluatorConfig, p: str, src: str) -> None:
+        if c.d_model % c.n_heads:
+            raise ConfigError(f"{p}.d_model", f"must be a multiple of n_heads ({c.n_heads}; GPT-2's heads split it), got {c.d_model}", src)
 
     @staticmethod
     def SampleConfig(c: SampleConfig, p: str, src: str) -> None:
@@ -265,10 +270,13 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.canvas_length", f"must be a multiple of block_size ({c.block_size}), got {c.canvas_length}", src)
         if c.t_off >= c.t_on:
             raise ConfigError(f"{p}.t_off", f"must be < t_on ({c.t_on}), got {c.t_off}", src)
-        for key in ("replicate_rows", "replicate_steps"):
-            values = getattr(c, key)
-            if len(set(values)) != len(values):
-                raise ConfigError(f"{p}.{key}", f"must not repeat a value, got {values}", src)
+        for i, (K, T) in enumerate(zip(c.refresh_every, c.steps)):
+            if K > T:
+                raise ConfigError(f"{p}.refresh_every[{i}]", f"must be <= its budget steps[{i}] ({T}; a larger K refreshes "
+                                  f"only at the start, as K = {T} does), got {K}", src)
+        too_big = [K for K in c.sweep_refresh if K > max(c.steps)]
+        if too_big:
+            raise ConfigError(f"{p}.sweep_refresh", f"must be <= the largest budget of steps ({max(c.steps)}), got {too_big[0]}", src)
         outside = [T for T in c.replicate_steps if T not in c.steps]
         if outside:
             raise ConfigError(f"{p}.replicate_steps", f"{outside[0]} is not a sampling budget of steps ({c.steps})", src)
@@ -281,10 +289,14 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.base.num_key_value_heads", f"must divide num_attention_heads ({c.base.num_attention_heads})", src)
         if abs(sum(c.cache_age_probs) - 1.0) > 1e-6:
             raise ConfigError(f"{p}.cache_age_probs", f"must sum to 1, got {sum(c.cache_age_probs):g}", src)
-        for key in ("seeds", "cache_seeds", "refresh_every", "replicate_refresh_every"):
-            values = getattr(c, key)
-            if len(set(values)) != len(values):
-                raise ConfigError(f"{p}.{key}", f"must not repeat a value, got {values}", src)
+        too_big = [k for k in c.refresh_every if k > c.sample_steps]
+        if too_big:
+            raise ConfigError(f"{p}.refresh_every", f"must be <= sample_steps ({c.sample_steps}, the denoising steps per canvas; "
+                              f"a larger K refreshes once per canvas, as K = {c.sample_steps} does), got {too_big[0]}", src)
+        if c.feature_cache_share and math.floor(c.feature_cache_share * c.canvas_length + 1e-9) < 1:
+            raise ConfigError(f"{p}.feature_cache_share", f"recomputes no row of the {c.canvas_length}-row canvas "
+                              f"(floor(share x canvas_length) = 0): must be 0 (the matched share) or >= "
+                              f"1/canvas_length ({1 / c.canvas_length:g}), got {c.feature_cache_share!r}", src)
         missing = [s for s in c.seeds if c.cache_seeds and s not in c.cache_seeds]
         if missing:
             raise ConfigError(f"{p}.cache_seeds", f"must include every seed of posttrain.seeds ({c.seeds}; the cache rows "
@@ -307,10 +319,13 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.llada_gen_tokens", f"must be a multiple of llada_block_size ({c.llada_block_size}), got {c.llada_gen_tokens}", src)
         if c.llada_steps % (c.llada_gen_tokens // c.llada_block_size):
             raise ConfigError(f"{p}.llada_steps", f"must divide evenly over the {c.llada_gen_tokens // c.llada_block_size} blocks, got {c.llada_steps}", src)
-        for key in ("llada_cache_methods", "llada_cache_refresh"):
-            values = getattr(c, key)
-            if len(set(values)) != len(values):
-                raise ConfigError(f"{p}.{key}", f"must not repeat a value, got {values}", src)
+        too_big = [k for k in c.llada_cache_refresh if k > c.llada_steps]
+        if too_big:
+            raise ConfigError(f"{p}.llada_cache_refresh", f"must be <= llada_steps ({c.llada_steps}; a larger K never "
+                              f"refreshes after the first pass), got {too_big[0]}", src)
+        if c.refresh_every > max(c.steps, c.dg_steps):
+            raise ConfigError(f"{p}.refresh_every", f"must be <= the decoding steps (steps {c.steps}, dg_steps {c.dg_steps}; "
+                              f"a larger K never refreshes after the first pass), got {c.refresh_every}", src)
         tasks = typing.get_args(typing.get_args(typing.get_type_hints(AsrdConfig)["llada_tasks"])[0])
         for task in c.llada_dllm_cache:
             if task not in tasks:

@@ -75,12 +75,12 @@ class PosttrainConfig:
     # sampling (DiffusionGemma's entropy-bound sampler)
     sample_steps: int = spec(48, ge=1)
     canvas_length: int = spec(256, ge=1)
-    refresh_every: list[int] = spec([1, 2, 3], nonempty=True, ge=1)
+    refresh_every: list[int] = spec([1, 2, 3], nonempty=True, unique=True, ge=1)
     entropy_bound: float = spec(0.1, gt=0.0)
     temperature: list[float] = spec([0.8, 0.4], length=2, gt=0.0)  # t_max -> t_min
     # Table 1
     tasks: list[Literal["arithmetic", "gsm8k", "humaneval", "mmlu_pro", "gpqa_diamond", "aime", "livecodebench"]] = spec(
-        ["gsm8k", "humaneval", "gpqa_diamond", "mmlu_pro", "livecodebench", "aime"], nonempty=True)
+        ["gsm8k", "humaneval", "gpqa_diamond", "mmlu_pro", "livecodebench", "aime"], nonempty=True, unique=True)
     task_sources: dict[str, str] = spec({})  # task -> hub id or local file (gsm8k: sft.gsm8k)
     eval_examples: int = spec(0, ge=0)  # per task; 0 = all
     # a cap on every benchmark's generation length (0: the paper's per-task lengths,
@@ -89,17 +89,17 @@ class PosttrainConfig:
     eval_batch_size: int = spec(8, ge=1)
     # the training-free caches run beside TADM on the same base (tadm.caches), each at every K >= 2
     # of refresh_every (TADM's layer-call budgets); [] leaves them out
-    cache_methods: list[Literal["naive", "feature"]] = spec(["naive", "feature"])
+    cache_methods: list[Literal["naive", "feature"]] = spec(["naive", "feature"], unique=True)
     # the feature cache's recomputed share of the canvas rows; 0: the share that matches TADM's layer
     # calls at the same K, (s + d - 1) / (L - 1) (tadm.caches.matched_share)
     feature_cache_share: float = spec(0.0, ge=0.0, le=1.0)
-    seeds: list[int] = spec([0, 1, 2], nonempty=True, ge=0)
+    seeds: list[int] = spec([0, 1, 2], nonempty=True, unique=True, ge=0)
     # the training-free cache rows' sampling seeds, every seed of `seeds` and more ([]: `seeds`):
     # they are cheap rows whose accuracy moves most between sampling seeds
-    cache_seeds: list[int] = spec([], ge=0)
+    cache_seeds: list[int] = spec([], unique=True, ge=0)
     # the refresh intervals at which Table 1 decodes every fusion replicate (besides the control's
     # replicates, at K = 1); []: the largest K of refresh_every. The main run decodes at every K
-    replicate_refresh_every: list[int] = spec([], ge=1)
+    replicate_refresh_every: list[int] = spec([], unique=True, ge=1)
     # seed of the post-train runs (the base's and the fusion's training: initialisation, data
     # order, per-step draws); the paper's is 42 (App. C.1). The SFT data keep the global seed.
     seed: int = spec(42, ge=0)

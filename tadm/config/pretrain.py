@@ -27,7 +27,7 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     models: list[Literal["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"]] = spec(
-        ["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"], nonempty=True
+        ["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"], nonempty=True, unique=True
     )
     steps: int = spec(1_000_000, ge=1)
     global_batch: int = spec(512, ge=1)
@@ -44,8 +44,8 @@ class TrainConfig:
     ema: float = spec(0.9999, ge=0.0, lt=1.0)
     precision: Literal["fp32", "bf16"] = "bf16"
     gamma: float = spec(3.0e-3, ge=0.0)  # weight of TADM's anchor cross-entropy
-    refresh_choices: list[int] = spec([1, 2, 4, 8], nonempty=True, ge=1)  # K ~ U{...}
-    budget_choices: list[int] = spec([128, 256, 512, 1024, 2048, 4096], nonempty=True, ge=1)
+    refresh_choices: list[int] = spec([1, 2, 4, 8], nonempty=True, unique=True, ge=1)  # K ~ U{...}
+    budget_choices: list[int] = spec([128, 256, 512, 1024, 2048, 4096], nonempty=True, unique=True, ge=1)
     eval_every: int = spec(10_000, ge=1)
     eval_sequences: int = spec(256, ge=1)  # validation sequences scored at each evaluation
     checkpoint_every: int = spec(10_000, ge=1)
@@ -54,4 +54,4 @@ class TrainConfig:
     # seed + replicates - 1 (checkpoints/replicates/<run>-s<seed>); the run at `seed` stays the
     # one the tables show. The claims' between-run variance comes from them (1: none)
     replicates: int = spec(1, ge=1)
-    replicate_models: list[Literal["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"]] = spec([])
+    replicate_models: list[Literal["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"]] = spec([], unique=True)

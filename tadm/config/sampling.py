@@ -12,12 +12,12 @@ from tadm.config.fields import spec
 class SampleConfig:
     """Unconditional sampling for Table 2 (paper: L = 1024, T in {2048, 4096})."""
 
-    steps: list[int] = spec([2048, 4096], nonempty=True, ge=1)  # T per sampling budget
+    steps: list[int] = spec([2048, 4096], nonempty=True, unique=True, ge=1)  # T per sampling budget
     refresh_every: list[int] = spec([4, 4], nonempty=True, ge=1)  # K per budget (Alg. 1)
-    sweep_refresh: list[int] = spec([1, 2, 3, 4, 5, 6, 7, 8], nonempty=True, ge=1)
+    sweep_refresh: list[int] = spec([1, 2, 3, 4, 5, 6, 7, 8], nonempty=True, unique=True, ge=1)
     # budgets at which Table 2's compute column is counted at the paper's depths (compute_column
     # stage; independent of the model size); each needs a K in Table 2's schedule
-    compute_column_steps: list[int] = spec([2048, 4096], nonempty=True, ge=1)
+    compute_column_steps: list[int] = spec([2048, 4096], nonempty=True, unique=True, ge=1)
     num_samples: int = spec(5000, ge=1)
     batch_size: int = spec(16, ge=1)
     canvas_length: int = spec(1024, ge=1)
@@ -45,8 +45,8 @@ class SampleConfig:
     # training replicate of its model (train.replicate_models) at every budget of replicate_steps
     # (a subset of steps: the findings' budgets), scored like Table 2's row
     replicate_rows: list[Literal["remdm", "tadm", "tadm_gamma0", "mdlm", "mdlm_fb", "mdlm_dfm", "adlm", "sedd", "ar",
-                                 "tadm_nofusion"]] = spec([])
-    replicate_steps: list[int] = spec([], ge=1)
+                                 "tadm_nofusion"]] = spec([], unique=True)
+    replicate_steps: list[int] = spec([], unique=True, ge=1)
 
 
 @dataclass

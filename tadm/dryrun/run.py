@@ -98,6 +98,19 @@ def _git(repo: Path, env: dict, *args: str) -> None:
     subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
 
 
+def _check_workdir(workdir: Path) -> None:
+    """--workdir is a directory the dry run can write (created when absent); otherwise exit with one line."""
+    if workdir.exists() and not workdir.is_dir():
+        sys.exit(f"--workdir {workdir}: not a directory (the dry run's scratch directory; name a new or an empty one)")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=workdir, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        sys.exit(f"--workdir {workdir}: cannot create or write it ({e.strerror or e})")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m tadm.dryrun", description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, help="scratch directory (kept); default: a temporary one, removed")
@@ -108,7 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.resume and not (args.workdir and (args.workdir / "repo" / ".git").is_dir()):
         sys.exit("--resume: needs --workdir of an earlier dry run (it has no repo/.git)")
-    if args.workdir and not args.resume and args.workdir.exists() and any(args.workdir.iterdir()):
+    if args.workdir:
+        _check_workdir(args.workdir)
+    if args.workdir and not args.resume and any(args.workdir.iterdir()):
         sys.exit(f"--workdir {args.workdir}: not empty (the dry run starts from scratch; --resume continues one)")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tadm-dry-run-"))
     repo, hf, log = work / "repo", work / "hf", work / "dry-run.log"

@@ -409,8 +409,13 @@ def load_models(p: Params, root: Path = Path("."), dist: runtime.Dist | None = N
     `runtime.setup(p.runtime)`)."""
     from tadm.data.tokenizer import load_tokenizer
 
-    d = dist or runtime.setup(p.runtime)
     source = dgm.base_source(p, root)
+    if p.posttrain.base_model == "local" and not (Path(source) / "config.json").is_file():
+        # checked here: root / BASE_DIR drops the "./" by which load_base tells a local directory from a hub id
+        # ("models/dg_base" reads as one), so a missing local base would be looked up on the hub
+        raise DataError(f"{source}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro train, "
+                        "or alone: python -m tadm dg-base)")
+    d = dist or runtime.setup(p.runtime)
     base = dgm.load_base(source, p.posttrain.precision, d.device)
     fresh = _fusion_model(base, p, root / dgm.FRESH_DIR, fresh=True) if control else None
     return base, _fusion_model(base, p, root / dgm.TADM_DIR), fresh, load_tokenizer(source)
@@ -487,6 +492,36 @@ def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:
     return run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=optional_path(args.get("out")), log=log,
                dist=d, unsafe_host_execution=bool(args.get("unsafe_host_execution", False)),
                control=bool(args.get("control", True)))
+
+
+def notebook_params(params_file: str | Path, profile: str | None = None, *, K=None, seeds=None, eval_examples=None,
+                    cache_methods=None, replicates=None, cache_seeds=None, device=None, precision=None) -> Params:
+    """The params of notebooks/table1.ipynb: `params_file` with the notebook's parameters (None:
+    the file's), each checked like the key it stands for (tadm.config.notebook: type, range and
+    list-ness; one ConfigError line naming the parameter). `K`: one refresh interval instead of
+    posttrain.refresh_every, the fusion replicates at it; `seeds`: posttrain.seeds, the cache rows
+    keeping their further seeds of posttrain.cache_seeds unless `cache_seeds` is given."""
+    from tadm.config import notebook as nb
+
+    params = nb.load(params_file, profile)
+    K = nb.parameter("K", K, "posttrain.refresh_every", entry=True)
+    seeds = nb.parameter("seeds", seeds, "posttrain.seeds")
+    cache_seeds = nb.parameter("cache_seeds", cache_seeds, "posttrain.cache_seeds")
+    changes = {
+        "runtime.device": ("device", nb.parameter("device", device, "runtime.device")),
+        "runtime.precision": ("precision", nb.parameter("precision", precision, "runtime.precision")),
+        "posttrain.eval_examples": ("eval_examples", nb.parameter("eval_examples", eval_examples, "posttrain.eval_examples")),
+        "posttrain.cache_methods": ("cache_methods", nb.parameter("cache_methods", cache_methods, "posttrain.cache_methods")),
+        "posttrain.replicates": ("replicates", nb.parameter("replicates", replicates, "posttrain.replicates")),
+        "posttrain.seeds": ("seeds", seeds),
+        "posttrain.cache_seeds": ("cache_seeds", cache_seeds),
+    }
+    if K is not None:
+        changes["posttrain.refresh_every"] = ("K", [K])
+        changes["posttrain.replicate_refresh_every"] = ("K", [])  # the fusion replicates at that K
+    if seeds is not None and cache_seeds is None and params.posttrain.cache_seeds:  # the caches keep their further seeds
+        changes["posttrain.cache_seeds"] = ("seeds", seeds + [s for s in params.posttrain.cache_seeds if s not in seeds])
+    return nb.apply(params, changes)
 
 
 def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out: Path | None = None,

@@ -12,6 +12,8 @@ root, or root of a fresh user namespace). ``SPEC`` is JSON:
 ``disk_mb``  the size of each of the two writable tmpfs, ``/sandbox`` and ``/tmp``;
 ``marker``   a host file descriptor, moved to fd 3 for the program: where the prelude, as pid 1,
              records the signal it ended the program by (see sandbox.SIGNAL_FD);
+``done``     a host file descriptor, moved to fd 4: the completion marker (sandbox.DONE_FD), where
+             the prelude confirms the code ran to its last line;
 ``ro``       host paths shown read-only at the same place (the interpreter, /usr, /lib...);
 ``userns``   whether ``unshare`` made a user namespace (the evaluator is not root);
 ``uid``      the uid/gid the program runs as: as real root, setresuid to it (caps are lost);
@@ -56,6 +58,7 @@ CLONE_NEWUSER = 0x10000000
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_PDEATHSIG = 1
 SIGNAL_FD = 3  # the prelude's marker descriptor (sandbox.SIGNAL_FD)
+DONE_FD = 4  # the completion marker's descriptor (sandbox.DONE_FD)
 # mount flags a bind remount must keep (statvfs reports them with the same bit values)
 KEPT_FLAGS = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096  # noatime, nodiratime, relatime
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
@@ -172,18 +175,25 @@ def drop_privileges(uid: int, in_user_namespace: bool) -> None:
         fail("drop privileges", f"uid is {os.getuid()}/{os.geteuid()}, not {uid}")
 
 
-def marker_to_fd3(fd: int) -> None:
-    """The prelude's signal marker at the fd it knows, inherited by the program."""
-    if fd != SIGNAL_FD:
-        os.dup2(fd, SIGNAL_FD)
+def descriptors_to(wanted: dict[int, int]) -> None:
+    """Move each host descriptor to the number the prelude knows ({target: fd}), inherited by the
+    program. Each goes through a copy above 9 first, so that a descriptor already sitting on
+    another's target is not overwritten before it moved."""
+    import fcntl
+
+    copies = {target: fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for target, fd in wanted.items()}
+    for fd in set(wanted.values()) - set(wanted):
         os.close(fd)
-    os.set_inheritable(SIGNAL_FD, True)
+    for target, copy in copies.items():
+        os.dup2(copy, target)
+        os.close(copy)
+        os.set_inheritable(target, True)
 
 
 def main() -> None:
     try:
         spec = json.loads(sys.argv[1])
-        marker_to_fd3(spec["marker"])
+        descriptors_to({SIGNAL_FD: spec["marker"], DONE_FD: spec["done"]})
         build_root(spec)
         drop_privileges(spec["uid"], spec["userns"])
         resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))

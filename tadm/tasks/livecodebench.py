@@ -13,7 +13,9 @@ Two kinds of tests:
 * ``functional`` (LeetCode style): ``Solution().<method>(*args)``, the arguments being the
   input's newline-separated JSON values; the result must equal the expected JSON value.
 
-A problem is solved when every test passes; scoring stops at the first failure.
+A test passes only when the program ran to its last line (the sandbox's completion marker, so
+an early ``sys.exit`` / ``os._exit`` fails it, as in HumanEval) and its output is right. A problem
+is solved when every test passes; scoring stops at the first failure.
 """
 
 from __future__ import annotations

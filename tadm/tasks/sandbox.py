@@ -1,9 +1,9 @@
 """Run untrusted, model-generated Python code in a separate, limited process.
 
 The boundary is the operating system, not Python. :func:`run_python` writes the code to
-``main.py`` in a fresh throw-away host directory and runs it with ``python -I -S -B`` (isolated
-mode, no site-packages, no bytecode writes) through util-linux ``unshare`` and
-:mod:`tadm.tasks._sandbox_init`:
+``main.py`` in a fresh throw-away host directory, beside a one-line entry file that runs the
+prelude (7), and runs that with ``python -I -S -B`` (isolated mode, no site-packages, no bytecode
+writes) through util-linux ``unshare`` and :mod:`tadm.tasks._sandbox_init`:
 
 1. **Its own namespaces**: mount, PID, network, IPC and UTS (``unshare --mount --pid --net --ipc
    --uts --fork --kill-child``; plus ``--user --map-root-user`` where the evaluator is not root,
@@ -39,10 +39,22 @@ mode, no site-packages, no bytecode writes) through util-linux ``unshare`` and
 6. **A seccomp filter** (:mod:`tadm.tasks._sandbox_seccomp`, x86-64 and aarch64), installed last
    before the exec: no new namespaces (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``; a
    nested user namespace, with its capabilities, used to be possible), no ``io_uring``, no
-   mounts, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``ptrace`` or keyrings, and no clearing
-   of the parent-death signal: each answers EPERM; another ABI kills the process.
-7. **A Python prelude** run before the code, as defence in depth only: it disables sockets and
-   name lookups, process creation, signals to other processes, ``ctypes`` and writes outside the
+   mounts, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``ptrace`` or keyrings, no System V
+   IPC (shared memory, message queues, semaphores), ``memfd_create`` or ``memfd_secret`` (memory
+   the address-space limit would not count), no sockets but ``AF_UNIX``, ``AF_INET`` and
+   ``AF_INET6`` (no ``AF_VSOCK`` to the hypervisor, no netlink or packet sockets), no inotify or
+   fanotify (watching the read-only host directories would show other processes' activity), and
+   no clearing of the parent-death signal: each answers EPERM; another ABI kills the process.
+7. **A Python prelude** that runs the code: the entry line executes it, it installs its guards,
+   then compiles ``main.py`` and runs it as the ``__main__`` module (no line of the code runs
+   before the guards; ``from __future__`` imports apply as written; tracebacks give the code's
+   own line numbers). Once the code's last line has run it writes the **completion marker**
+   (``DONE_FD``: "done:" and a per-run secret the evaluator generated, read from that host file
+   and erased from it before the code starts). A run has passed only with that marker and exit
+   status 0: ``sys.exit`` / ``SystemExit`` at any status, ``os._exit``, a signal to itself, a
+   closed or moved descriptor all end it without the marker (reason "early-exit" where the status
+   is 0), and text on stdout counts for nothing. Its guards, as defence in depth only, disable
+   sockets and name lookups, process creation, signals to other processes, ``ctypes`` and writes outside the
    sandbox directory, so that the common accidents of generated code -- a stray
    ``os.system("rm ...")``, a download, a ``multiprocessing.Pool`` -- end in a clean
    ``sandbox:`` error. It is **not** a security boundary: Python code can get around it (the real
@@ -61,14 +73,21 @@ it. Only an explicit ``unsafe_host_execution=True`` (``--unsafe-host-execution``
 anyway, the old way: a plain child on the host in the throw-away directory, under the rlimits
 above and the prelude, in a fresh network namespace where the kernel permits one -- as the
 evaluator's uid, with the host's /proc and file system readable, i.e. with no boundary beyond
-what the prelude catches. Use it only for code you trust or inside a disposable VM.
+what the prelude catches (and no seccomp filter). Use it only for code you trust or inside a
+disposable VM. Each run's throw-away directory is named after its evaluator's pid; one left by an
+evaluator killed mid-run (``kill -9``) is removed by the next evaluator's first run.
 
 Limits of the boundary, stated plainly: the code shares the host kernel (a kernel exploit is out
 of scope); ``/usr`` and the interpreter's prefix are readable (they hold no secrets on a normal
 set-up -- put none there); the sysctls under ``/proc/sys`` are readable; the set-up (a few
-milliseconds of CPU) counts against the run's CPU limit; the tmpfs pages (up to 2 x ``DISK_MB``)
-are memory outside the address-space limit ``memory_mb``; the syscalls the filter allows are the
-kernel surface that remains (the seccomp filter is a deny list, not an allow list).
+milliseconds of CPU) counts against the run's CPU limit; memory outside the address-space limit
+``memory_mb`` is bounded by the two tmpfs (2 x ``DISK_MB`` = 128 MiB) plus kernel buffers of at
+most ``OPEN_FILES_LIMIT`` descriptors (pipes: 32 of at most 1 MiB each at the kernel's default
+``fs.pipe-max-size``), about 160 MiB per run; the completion marker's secret lives in the
+prelude's memory, so code written to defeat the evaluator -- reading the prelude's frames --
+could forge the marker (it stops early exits, not an adversary of the evaluator; the OS layers
+bound what such code can reach); the syscalls the filter allows are the kernel surface that
+remains (the seccomp filter is a deny list, not an allow list).
 
 Being pid 1 changes one thing for the code: the kernel ignores default-action signals that a
 namespace's init sends itself. The prelude makes ``os.kill(os.getpid(), sig)``,
@@ -78,9 +97,8 @@ soft limit, SIGALRM from ``signal.alarm``) are ignored there, and the wall-clock
 hard CPU limit (SIGKILL, reported as "killed") ends such a program instead.
 
 Known costs: ``asyncio`` (needs a socket pair), ``multiprocessing``, ``subprocess`` and
-``ctypes`` are unavailable; tracebacks report line numbers one higher than in the code (the
-prelude is one line at the top of the file); each run starts the interpreter twice (the
-namespace's init, then the program).
+``ctypes`` are unavailable; tracebacks start with two frames of the prelude; each run starts the
+interpreter twice (the namespace's init, then the program).
 """
 
 from __future__ import annotations
@@ -89,9 +107,9 @@ import ctypes
 import json
 import math
 import os
-import re
 import resource
 import shutil
+import secrets
 import signal
 import stat
 import subprocess
@@ -113,6 +131,15 @@ CLONE_NEWNET = 0x40000000
 # would not deliver (see the module docstring); it holds the signal's number, and the exit code is
 # 128 + that number.
 SIGNAL_FD = 3
+# The completion marker's descriptor (a host file): the prelude runs the code (main.py) itself, and
+# writes "done:" and a per-run secret there only once the code's last line has run. A program that
+# ends early -- sys.exit / SystemExit at any status, os._exit, a signal to itself, a closed or moved
+# descriptor -- leaves no marker, and has not passed, whatever its exit status; text on stdout
+# counts for nothing. The secret is read from this file and erased from it before the code starts.
+DONE_FD = 4
+DONE_TAG = "done:"
+# The file the interpreter runs: one line that executes the prelude, which then runs main.py.
+ENTRY_NAME = "_sandbox_entry.py"
 # Each of the two writable places inside, /sandbox (the cwd) and /tmp, is a tmpfs of this size:
 # the code's files never reach host disk, and all it can write is 2 x this (plus its stdout and
 # stderr, 10 MiB each) -- held in memory, and gone with its mount namespace.
@@ -140,6 +167,9 @@ HOW_TO_ALLOW = ("run the evaluator as root, or allow user namespaces (sysctl ker
 # The isolation that works here (an _Isolation), or why none does (a str); _UNPROBED until the
 # first run probes it (once per process).
 _UNPROBED = object()
+# Each run's throw-away host directory: this prefix, the evaluator's pid, "-", a random part. A
+# directory whose evaluator died (kill -9 mid-run) is removed by the next evaluator's first run.
+LEFTOVER_PREFIX = "tadm-sandbox-"
 _isolation: object = _UNPROBED
 _probe_lock = threading.Lock()
 _warned_unsafe = False
@@ -166,9 +196,11 @@ class _Isolation:
 class SandboxResult:
     """The outcome of one run.
 
-    `passed` is exit code 0 without a timeout; `reason` is one of "ok", "error" (a non-zero
-    exit: an exception, a failed assert, sys.exit(n)), "timeout" (wall clock or CPU limit),
-    "memory" (ran out of its address space) or "killed" (died by a signal, e.g. a segfault).
+    `passed` is exit code 0 without a timeout, the code having run to its last line
+    (`completed`, the prelude's marker); `reason` is one of "ok", "error" (a non-zero exit: an
+    exception, a failed assert, sys.exit(n)), "early-exit" (exit status 0 before the code's last
+    line: sys.exit(0), SystemExit, os._exit(0)), "timeout" (wall clock or CPU limit), "memory" (ran
+    out of its address space) or "killed" (died by a signal, e.g. a segfault).
     """
 
     passed: bool
@@ -177,6 +209,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     reason: str
+    completed: bool
 
 
 # The prelude: executed (from one line at the top of the program) before the user code, in
@@ -371,22 +404,32 @@ def _sandbox_guard():
     _imp.create_dynamic = no_fresh_copy(_imp.create_dynamic)
 
 
+def _sandbox_run(done_fd):
+    """Run main.py as the __main__ module; mark the run complete only once its last line ran."""
+    import os, sys
+
+    secret = os.pread(done_fd, 64, 0)
+    os.ftruncate(done_fd, 0)  # the code cannot read the secret back from the descriptor
+    main = sys.modules["__main__"]
+    main.__dict__["__file__"] = sys.argv[0] = "main.py"
+    with open("main.py", "rb") as f:
+        code = compile(f.read(), "main.py", "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+    os.pwrite(done_fd, b"done:" + secret, 0)
+
+
 _sandbox_guard()
+_sandbox_run(_DONE_FD)
 '''
 
-_FUTURE_IMPORT = re.compile(r"^from[ \t]+__future__[ \t]+import[^\n]*$", re.MULTILINE)
-
-
-def build_program(code: str) -> str:
-    """The file the child runs: one line that executes the prelude, then `code`.
-
-    ``from __future__`` imports must open a module, so they are moved onto that first line
-    (their original lines are left blank); every other line keeps its place, one line down.
-    """
-    futures = [line.split("#")[0].rstrip() for line in _FUTURE_IMPORT.findall(code)]
-    code = _FUTURE_IMPORT.sub("", code)
-    header = f"exec(compile({PRELUDE!r}, '<sandbox-prelude>', 'exec'), {{'__name__': '_sandbox_prelude'}})"
-    return "; ".join([*futures, header]) + "\n" + code + "\n"
+def build_program(done_fd: int = DONE_FD) -> str:
+    """The file the interpreter runs (ENTRY_NAME): one line that executes the prelude, which
+    guards, then compiles and runs the code (main.py, beside it) as the ``__main__`` module --
+    no line of the code runs before the guards, ``from __future__`` imports apply as written and
+    tracebacks give the code's own line numbers -- and writes the completion marker to `done_fd`
+    once the code's last line has run."""
+    return (f"exec(compile({PRELUDE!r}, '<sandbox-prelude>', 'exec'), "
+            f"{{'__name__': '_sandbox_prelude', '_DONE_FD': {int(done_fd)}}})\n")
 
 
 def _limits(timeout_s: float, memory_mb: int, *, nproc: bool = True) -> list[tuple[int, tuple[int, int]]]:
@@ -442,13 +485,14 @@ def _read_only_paths(python: str) -> list[str]:
     return paths
 
 
-def _init_argv(isolation: _Isolation, base: str, work: str, env: dict[str, str], marker: int) -> list[str]:
+def _init_argv(isolation: _Isolation, base: str, work: str, env: dict[str, str], marker: int, done: int,
+               entry: str) -> list[str]:
     """unshare ... -- python -I -S _sandbox_init.py SPEC: the run's full argv on the sandbox route."""
     python = _interpreter()
     spec = {"root": os.path.join(base, "root"), "work": work, "ro": _read_only_paths(python),
-            "disk_mb": DISK_MB, "marker": marker,
+            "disk_mb": DISK_MB, "marker": marker, "done": done,
             "userns": isolation.user_namespace, "uid": SANDBOX_UID, "nproc": 0, "env": env,
-            "argv": [python, "-I", "-S", "-B", PROGRAM_NAME]}
+            "argv": [python, "-I", "-S", "-B", entry]}
     return [*isolation.prefix, python, "-I", "-S", "-B", str(INIT_SCRIPT), json.dumps(spec)]
 
 
@@ -476,7 +520,7 @@ def _probe_isolation() -> object:
     why = "unknown"
     for isolation in candidates:
         try:
-            returncode, _, stdout, stderr = _spawn(PROBE_PROGRAM, timeout_s=PROBE_TIMEOUT_S, memory_mb=512,
+            returncode, _, stdout, stderr, _ = _spawn(PROBE_PROGRAM, timeout_s=PROBE_TIMEOUT_S, memory_mb=512,
                                                    stdin="", isolation=isolation)
         except (OSError, subprocess.SubprocessError) as e:
             why = f"{type(e).__name__}: {e}"
@@ -491,11 +535,42 @@ def _probe_isolation() -> object:
     return why
 
 
+def remove_leftovers(tmp: str | None = None) -> list[str]:
+    """Delete the throw-away directories of evaluators that died mid-run (``kill -9``): this uid's
+    ``tadm-sandbox-<pid>-*`` directories in `tmp` (the temporary directory) whose pid is gone.
+    Called once per evaluator, before its first run; returns what it removed."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return removed
+    for name in names:
+        pid, dash, _ = name[len(LEFTOVER_PREFIX):].partition("-")
+        if not (name.startswith(LEFTOVER_PREFIX) and dash and pid.isdigit()):
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            if os.lstat(path).st_uid != os.geteuid() or not stat.S_ISDIR(os.lstat(path).st_mode):
+                continue
+            os.kill(int(pid), 0)
+            continue  # its evaluator is alive (or the pid was reused: left for a later start)
+        except ProcessLookupError:
+            pass
+        except (OSError, OverflowError):
+            continue
+        _remove_tree(path)
+        removed.append(path)
+    return removed
+
+
 def _isolation_or_reason() -> object:
-    """The probed route (an _Isolation) or why there is none (a str); probed once per process."""
+    """The probed route (an _Isolation) or why there is none (a str); probed once per process,
+    after removing the leftovers of evaluators that died mid-run."""
     global _isolation
     with _probe_lock:
         if _isolation is _UNPROBED:
+            remove_leftovers()
             _isolation = _probe_isolation()
         return _isolation
 
@@ -567,11 +642,11 @@ def _tail(text: str, limit: int = STDERR_LIMIT) -> str:
     return text if len(text) <= limit else "[...]" + text[-limit:]
 
 
-def _classify(returncode: int, timed_out: bool, stderr: str) -> str:
+def _classify(returncode: int, timed_out: bool, stderr: str, completed: bool = True) -> str:
     if timed_out:
         return "timeout"
     if returncode == 0:
-        return "ok"
+        return "ok" if completed else "early-exit"
     if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
         return "memory"
     return "killed" if returncode < 0 else "error"
@@ -590,27 +665,38 @@ def _signal_from_marker(returncode: int, marker) -> int:
 
 
 def _spawn(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
-           isolation: _Isolation | None) -> tuple[int, bool, str, str]:
-    """Run `program` as given; (return code, timed out, stdout, stderr). `isolation` None is the
-    unsafe host route: a plain child in a throw-away directory (see the module docstring)."""
-    base = tempfile.mkdtemp(prefix="tadm-sandbox-")
+           isolation: _Isolation | None, prelude: bool = False) -> tuple[int, bool, str, str, bool]:
+    """Run `program` (main.py); (return code, timed out, stdout, stderr, completed). With
+    `prelude` the interpreter runs the prelude's entry line (ENTRY_NAME), which runs main.py, and
+    `completed` says whether the completion marker is there; without, `program` runs as given and
+    `completed` is False. `isolation` None is the unsafe host route: a plain child in a throw-away
+    directory (see the module docstring)."""
+    base = tempfile.mkdtemp(prefix=f"{LEFTOVER_PREFIX}{os.getpid()}-")
     try:
         work = os.path.join(base, "work")
         os.mkdir(work)
         with open(os.path.join(work, PROGRAM_NAME), "w", encoding="utf-8") as f:
             f.write(program)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp, \
-                tempfile.TemporaryFile() as marker:
+                tempfile.TemporaryFile() as marker, tempfile.TemporaryFile() as done:
+            secret = secrets.token_hex(16)
+            done.write(secret.encode())
+            done.flush()
+            entry = PROGRAM_NAME
+            if prelude:
+                entry = ENTRY_NAME
+                with open(os.path.join(work, ENTRY_NAME), "w", encoding="utf-8") as f:
+                    f.write(build_program(DONE_FD if isolation is not None else done.fileno()))
             if isolation is not None:
                 os.mkdir(os.path.join(base, "root"))
                 env = {"PATH": SANDBOX_PATH, "HOME": SANDBOX_DIR, "TMPDIR": SANDBOX_DIR, "LC_ALL": "C.UTF-8"}
-                argv = _init_argv(isolation, base, work, env, marker.fileno())
-                cwd, launcher_env, pass_fds = base, {"PATH": SANDBOX_PATH}, (marker.fileno(),)
+                argv = _init_argv(isolation, base, work, env, marker.fileno(), done.fileno(), entry)
+                cwd, launcher_env, pass_fds = base, {"PATH": SANDBOX_PATH}, (marker.fileno(), done.fileno())
                 setup = _child_setup(_limits(timeout_s, memory_mb, nproc=False))
             else:
                 env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": work, "TMPDIR": work, "LC_ALL": "C.UTF-8"}
-                argv, cwd, launcher_env = [sys.executable, "-I", "-S", "-B", PROGRAM_NAME], work, env
-                setup, pass_fds = _child_setup(_limits(timeout_s, memory_mb), new_net=True), ()
+                argv, cwd, launcher_env = [sys.executable, "-I", "-S", "-B", entry], work, env
+                setup, pass_fds = _child_setup(_limits(timeout_s, memory_mb), new_net=True), (done.fileno(),)
             inp.write(stdin.encode("utf-8"))
             inp.seek(0)
             proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env, stdin=inp, stdout=out, stderr=err,
@@ -623,21 +709,24 @@ def _spawn(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
                 _kill_group(proc.pid)  # the code's leftovers too, if it ever managed to fork
                 returncode = proc.wait()
             stdout, stderr = _read(out, FILE_SIZE_LIMIT), _read(err, FILE_SIZE_LIMIT)
+            completed = prelude and _read(done, 128) == DONE_TAG + secret
             if isolation is not None:
                 returncode = _signal_from_marker(returncode, marker)
     finally:
         _remove_tree(base)
-    return returncode, timed_out, stdout, stderr
+    return returncode, timed_out, stdout, stderr, completed
 
 
 def _run_program(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
-                 unsafe_host_execution: bool = False) -> SandboxResult:
-    """Run `program` exactly as given (no prelude) behind the OS boundary.
+                 unsafe_host_execution: bool = False, prelude: bool = False) -> SandboxResult:
+    """Run `program` (main.py) behind the OS boundary; with `prelude`, behind the prelude too
+    (:func:`run_python`).
 
-    This is the namespace/uid/rlimit layer on its own; :func:`run_python` adds the prelude.
-    `unshare` re-raises a signal that killed its child on itself, so the return code is -N for
-    signal N either way. Where the namespaces do not work: SandboxUnavailable, unless
-    `unsafe_host_execution` (then a plain child on the host, as the module docstring says).
+    Without the prelude this is the namespace/uid/rlimit layer on its own, and a run counts as
+    complete when it exits 0 (there is no marker to read). `unshare` re-raises a signal that
+    killed its child on itself, so the return code is -N for signal N either way. Where the
+    namespaces do not work: SandboxUnavailable, unless `unsafe_host_execution` (then a plain
+    child on the host, as the module docstring says).
     """
     if not timeout_s > 0:
         raise ValueError(f"sandbox: timeout_s must be > 0, got {timeout_s}")
@@ -649,14 +738,16 @@ def _run_program(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
             _refuse(str(isolation))
         _warn_unsafe(str(isolation))
         isolation = None
-    returncode, timed_out, stdout, stderr = _spawn(program, timeout_s=timeout_s, memory_mb=memory_mb,
-                                                   stdin=stdin, isolation=isolation)
+    returncode, timed_out, stdout, stderr, completed = _spawn(
+        program, timeout_s=timeout_s, memory_mb=memory_mb, stdin=stdin, isolation=isolation, prelude=prelude)
     if returncode == -signal.SIGXCPU:  # the CPU-seconds limit is a timeout too
         timed_out = True
-    reason = _classify(returncode, timed_out, stderr)
+    if not prelude:
+        completed = returncode == 0 and not timed_out
+    reason = _classify(returncode, timed_out, stderr, completed)
     return SandboxResult(
-        passed=returncode == 0 and not timed_out, returncode=returncode, timed_out=timed_out,
-        stdout=stdout, stderr=_tail(stderr), reason=reason,
+        passed=returncode == 0 and not timed_out and completed, completed=completed, returncode=returncode,
+        timed_out=timed_out, stdout=stdout, stderr=_tail(stderr), reason=reason,
     )
 
 
@@ -664,11 +755,15 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, stdin
                unsafe_host_execution: bool = False) -> SandboxResult:
     """Run untrusted Python `code` in a sandboxed child process and report how it ended.
 
+    It has passed only when it exited 0 after its last line ran (the prelude's completion marker):
+    a program that ends early with status 0 -- ``sys.exit(0)``, ``raise SystemExit``,
+    ``os._exit(0)`` -- has not (reason "early-exit").
+
     `stdin` is fed to the program; its stdout comes back whole (up to 10 MiB), its stderr as
     the last few KB. Whatever the code does, this returns (it never raises for the code's
     behaviour) and leaves no process or file behind. Where the OS boundary cannot be built it
     raises SandboxUnavailable (one line: why, and how to allow it) unless
     `unsafe_host_execution` is True, which runs the code on the host behind the prelude only.
     """
-    return _run_program(build_program(code), timeout_s=timeout_s, memory_mb=memory_mb, stdin=stdin,
-                        unsafe_host_execution=unsafe_host_execution)
+    return _run_program(code, timeout_s=timeout_s, memory_mb=memory_mb, stdin=stdin,
+                        unsafe_host_execution=unsafe_host_execution, prelude=True)

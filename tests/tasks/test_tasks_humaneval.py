@@ -74,3 +74,20 @@ def test_pass_at_k_closed_form(n, c, k, expected):
 def test_pass_at_k_rejects_bad_arguments(n, c, k, param):
     with pytest.raises(ValueError, match=rf"pass_at_k: {param} must be"):
         humaneval.pass_at_k(n, c, k)
+
+
+@pytest.mark.parametrize("completion", [
+    "    import sys; sys.exit(0)\n",
+    "    raise SystemExit\n",
+    "    import os; os._exit(0)\n",
+    "    import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n",
+    "    import os; os.close(4)\n",
+    "    print('done:'); import os; os._exit(0)\n",
+])
+def test_a_completion_that_ends_the_program_before_the_check_fails(problems, completion):
+    """`sys.exit(0)` in the function body used to score HumanEval/0 solved (the program exited 0
+    before check() ran): only a program whose last line -- the check call -- ran has passed."""
+    assert not humaneval.score(problems["HumanEval/0"], completion)
+    # the same, at the top level after the function (what a model writes after its function)
+    assert not humaneval.score(problems["HumanEval/0"], problems["HumanEval/0"]["canonical_solution"]
+                               + "\nimport sys\nsys.exit(0)\n")

@@ -205,3 +205,18 @@ def test_hub_files_read_the_hub_cache_offline_and_fail_in_one_line_without_it(tm
     for name in lcb.RELEASE_FILES["release_v6"]:
         (snapshot / name).write_text("{}\n")
     assert [Path(f).name for f in lcb.hub_files()] == list(lcb.RELEASE_FILES["release_v6"])
+
+
+@pytest.mark.parametrize("row, code", [
+    # the right output, then an exit before the program's end (stdin tests)
+    (STDIN_ROW, STDIN_GOOD + "import sys\nsys.exit(0)\n"),
+    (STDIN_ROW, STDIN_GOOD + "raise SystemExit\n"),
+    # functional tests: the expected result printed by the code itself, then os._exit before the
+    # harness's own call could run (this used to pass: the last stdout line matched)
+    (FUNCTIONAL_ROW, "import json, os, sys\n_inp = sys.stdin.read()\n"
+                     "print('[0, 1]' if _inp.startswith('[2') else '[1, 2]')\nos._exit(0)\n"),
+    (FUNCTIONAL_ROW, FUNCTIONAL_GOOD + "import sys\nsys.exit(0)\n"),
+])
+def test_a_program_that_exits_before_its_end_fails(row, code):
+    """A test passes only when the program ran to its last line (the sandbox's completion marker)."""
+    assert not lcb.score(row, fenced(code))

@@ -80,7 +80,7 @@ def wait_gone(pid: int, within_s: float = 2.0) -> bool:
 
 def test_benign_program_passes_with_stdout_and_stdin():
     result = run_python("import sys\nprint(sys.stdin.read().upper(), end='')", stdin="hello\nworld\n")
-    assert result == sandbox.SandboxResult(True, 0, False, "HELLO\nWORLD\n", "", "ok")
+    assert result == sandbox.SandboxResult(True, 0, False, "HELLO\nWORLD\n", "", "ok", True)
 
 
 def test_benign_program_writes_and_reads_files_in_its_own_directory():
@@ -733,11 +733,198 @@ def test_seccomp_filter_decides_as_documented(machine):
     assert _run_bpf(insns, table["clone"], arch, 0x01200011) == sc.RET_ALLOW  # fork()'s flags
     assert _run_bpf(insns, table["prctl"], arch, 1) == eperm  # PR_SET_PDEATHSIG
     assert _run_bpf(insns, table["prctl"], arch, 15) == sc.RET_ALLOW  # PR_SET_NAME
+    for call in ("socket", "socketpair"):
+        for family in (1, 2, 10):  # AF_UNIX, AF_INET, AF_INET6
+            assert _run_bpf(insns, table[call], arch, family) == sc.RET_ALLOW, (call, family)
+        for family in (0, 16, 17, 31, 38, 40, 44):  # ... NETLINK PACKET BLUETOOTH ALG VSOCK XDP
+            assert _run_bpf(insns, table[call], arch, family) == eperm, (call, family)
+    for name in ("shmget", "shmat", "msgget", "semget", "memfd_create", "memfd_secret", "inotify_init1",
+                 "inotify_add_watch", "fanotify_init", "fanotify_mark"):
+        assert _run_bpf(insns, table["deny"][name], arch) == eperm, name
     for nr in (0, 1, 2, 3, 59, 60, 231, 424, 436, 441, 443):  # ordinary calls (x86-64 numbering)
-        if nr not in table["deny"].values() and nr not in (table["clone"], table["clone3"], table["prctl"]):
+        if nr not in table["deny"].values() and nr not in (table["clone"], table["clone3"], table["prctl"],
+                                                           table["socket"], table["socketpair"]):
             assert _run_bpf(insns, nr, arch) == sc.RET_ALLOW, nr
     assert _run_bpf(insns, 0, 0x40000003) == sc.RET_KILL_PROCESS  # i386 on this filter
     if machine == "x86_64":
         assert _run_bpf(insns, 0x40000000 | 272, arch) == sc.RET_KILL_PROCESS  # an x32 call
     with pytest.raises(OSError, match="no seccomp syscall table for mips"):
         sc.program("mips")
+
+
+# --- round 3: early exits, memory outside the address space, sockets, watches, leftovers ------
+
+EARLY_EXITS = {
+    "sys.exit(0)": "import sys\nsys.exit(0)\nprint('unreached')\n",
+    "sys.exit()": "import sys\nsys.exit()\n",
+    "raise SystemExit": "raise SystemExit\n",
+    "SystemExit(0) from a function": "def f():\n    raise SystemExit(0)\nf()\n",
+    "os._exit(0)": "import os\nos._exit(0)\n",
+    "SystemExit caught by nothing in a with block": "import contextlib\nwith contextlib.suppress(ValueError):\n"
+                                                    "    raise SystemExit(0)\n",
+}
+
+
+@pytest.mark.parametrize("name", list(EARLY_EXITS))
+def test_an_early_exit_with_status_0_has_not_passed(name):
+    """An exit status of 0 used to be a pass: sys.exit(0) before a HumanEval check ran scored the
+    problem solved. Only the prelude's completion marker -- written after the code's last line --
+    makes a pass."""
+    result = run_python(EARLY_EXITS[name], timeout_s=5)
+    assert result.returncode == 0 and not result.timed_out, result
+    assert not result.passed and not result.completed and result.reason == "early-exit", result
+    assert_still_works()
+
+
+@pytest.mark.parametrize("code", [
+    "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n",  # a signal to itself
+    "import os\nos.close(4)\n",  # the marker's descriptor closed
+    "import os\nos.dup2(os.open('x', os.O_WRONLY | os.O_CREAT), 4)\n",  # moved elsewhere
+    "import os\nos.write(4, b'done:' + b'0' * 32)\n",  # a forged marker with a guessed secret
+    "print('done:')\nimport os\nos._exit(0)\n",  # a forged marker on stdout
+])
+def test_tampering_with_the_marker_is_a_fail(code):
+    result = run_python(code, timeout_s=5)
+    assert not result.passed and not result.completed, result
+    assert_still_works()
+
+
+def test_the_secret_is_not_readable_from_the_descriptor_or_the_files():
+    """The code cannot read the run's secret back: erased from the descriptor before it starts,
+    in neither main.py nor the entry file."""
+    code = ("import os, re\nprint(os.pread(4, 64, 0), os.fstat(4).st_size)\n"
+            f"print([len(re.findall('[0-9a-f]{{32}}', open(name).read())) for name in ('main.py', {sandbox.ENTRY_NAME!r})])\n")
+    result = run_python(code, timeout_s=5)
+    assert result.passed, result
+    assert result.stdout.splitlines() == ["b'' 0", "[0, 0]"]  # the secret is 32 hex digits
+
+
+def test_the_code_runs_only_after_the_prelude_and_keeps_its_line_numbers():
+    """`from __future__ import annotations; import ctypes` on the first line used to be moved
+    ahead of the prelude, and ctypes loaded before any guard."""
+    result = run_python("from __future__ import annotations; import ctypes\nprint('unguarded')\n", timeout_s=5)
+    assert result.reason == "error" and "sandbox: importing ctypes is disabled" in result.stderr, result
+    result = run_python("from __future__ import annotations\nx = 1\n\nraise ValueError('line 4')\n", timeout_s=5)
+    assert 'File "main.py", line 4' in result.stderr, result.stderr
+
+
+MEMORY_OUTSIDE = (
+    "import ctypes, errno, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = {}\n"
+    "def note(name, rc):\n    out[name] = [rc, ctypes.get_errno() if rc < 0 else 0]\n"
+    "note('shmget', libc.shmget(0, 64 << 20, 0o1600))\n"  # IPC_PRIVATE, IPC_CREAT | 0600
+    "note('msgget', libc.msgget(0, 0o1600))\n"
+    "note('semget', libc.semget(0, 1, 0o1600))\n"
+    "try:\n    os.memfd_create('x')\n    out['memfd_create'] = [0, 0]\n"
+    "except OSError as e:\n    out['memfd_create'] = [-1, e.errno]\n"
+    "note('memfd_create_libc', libc.syscall({memfd}, b'x', 0))\n"
+    "for place in ('/tmp', '.'):\n"
+    "    fd = os.open(os.path.join(place, 'fill'), os.O_RDWR | os.O_CREAT)\n"
+    "    try:\n        os.posix_fallocate(fd, 0, 1 << 30)\n    except OSError:\n        pass\n"
+    "    for mib in range(1024):\n"
+    "        try:\n            os.pwrite(fd, b'x' * (1 << 20), mib << 20)\n        except OSError:\n            break\n"
+    "out['tmpfs_bytes'] = sum(os.stat(os.path.join(p, 'fill')).st_blocks * 512 for p in ('/tmp', '.'))\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def _shmem_kib() -> int:
+    """The host's shared memory (tmpfs, SysV shm, memfd pages) in KiB, from /proc/meminfo."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1])
+    raise AssertionError("no Shmem line in /proc/meminfo")
+
+
+def test_memory_outside_the_address_space_is_bounded_over_8_parallel_runs(monkeypatch):
+    """With memory_mb=128, memfd_create + posix_fallocate used to hold 400-580 MiB of host memory
+    per run and SysV shared memory 1 GiB; now SysV IPC and memfd are refused (EPERM) and what a
+    run holds is its two tmpfs (2 x DISK_MB, shrunk to 8 MiB each here), 8 runs side by side."""
+    import errno as errno_module
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(sandbox, "DISK_MB", 8)
+    memfd = {"x86_64": 319, "aarch64": 279}[os.uname().machine]
+    program = MEMORY_OUTSIDE.replace("{memfd}", str(memfd)) + "import time\ntime.sleep(1.5)\n"
+    before = _shmem_kib()
+    peak = [before]
+
+    def run(_):
+        return raw(program, timeout_s=20.0, memory_mb=128)
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(run, i) for i in range(8)]
+        while not all(f.done() for f in futures):
+            peak.append(_shmem_kib())
+            time.sleep(0.05)
+        results = [f.result() for f in futures]
+    for result in results:
+        assert result.passed, result
+        out = json.loads(result.stdout)
+        for name in ("shmget", "msgget", "semget", "memfd_create", "memfd_create_libc"):
+            assert out[name] == [-1, errno_module.EPERM], (name, out)
+        assert out["tmpfs_bytes"] <= 2 * 8 << 20, out
+    # everything the 8 runs held at once, with 16 MiB of slack for the rest of the machine
+    assert max(peak) - before <= (8 * 2 * 8 << 10) + (16 << 10), (before, max(peak))
+    assert_still_works()
+
+
+SOCKET_FAMILIES = (
+    "import ctypes, json\nlibc = ctypes.CDLL(None, use_errno=True)\nout = {}\n"
+    "for name, family, kind in (('AF_VSOCK', 40, 1), ('AF_NETLINK', 16, 3), ('AF_PACKET', 17, 3),\n"
+    "                           ('AF_BLUETOOTH', 31, 1), ('AF_ALG', 38, 5), ('AF_UNIX', 1, 1), ('AF_INET', 2, 1),\n"
+    "                           ('AF_INET6', 10, 1)):\n"
+    "    rc = libc.socket(family, kind, 0)\n    out[name] = [rc >= 0, ctypes.get_errno() if rc < 0 else 0]\n"
+    "pair = (ctypes.c_int * 2)()\n"
+    "rc = libc.socketpair(40, 1, 0, pair)\nout['socketpair AF_VSOCK'] = [rc >= 0, ctypes.get_errno() if rc < 0 else 0]\n"
+    "rc = libc.socketpair(1, 1, 0, pair)\nout['socketpair AF_UNIX'] = [rc >= 0, 0]\n"
+    "rc = libc.inotify_init1(0)\nout['inotify_init1'] = [rc >= 0, ctypes.get_errno() if rc < 0 else 0]\n"
+    "rc = libc.fanotify_init(0, 0)\nout['fanotify_init'] = [rc >= 0, ctypes.get_errno() if rc < 0 else 0]\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def test_only_unix_and_inet_sockets_and_no_watches_past_the_prelude():
+    """Past every Python guard (ctypes, no prelude): socket(AF_VSOCK) used to return a descriptor
+    (a connect to CID 2 reached the hypervisor) and inotify on /usr/bin showed the host's
+    processes opening binaries. Now only AF_UNIX / AF_INET / AF_INET6 open (the last two in the
+    empty network namespace); the rest and inotify / fanotify answer EPERM."""
+    import errno as errno_module
+
+    result = raw(SOCKET_FAMILIES)
+    assert result.passed, result
+    out = json.loads(result.stdout)
+    for name in ("AF_UNIX", "AF_INET", "AF_INET6", "socketpair AF_UNIX"):
+        assert out[name][0], (name, out)
+    for name in ("AF_VSOCK", "AF_NETLINK", "AF_PACKET", "AF_BLUETOOTH", "AF_ALG", "socketpair AF_VSOCK",
+                 "inotify_init1", "fanotify_init"):
+        assert out[name] == [False, errno_module.EPERM], (name, out)
+
+
+def test_leftovers_of_a_killed_evaluator_are_removed_at_the_next_start(tmp_path, monkeypatch):
+    """`kill -9` of the evaluator mid-run used to leave /tmp/tadm-sandbox-*/work/main.py on the
+    host. The next evaluator's first run removes the directories of evaluators that are gone."""
+    monkeypatch.setattr(sandbox.tempfile, "tempdir", str(tmp_path))
+    script = (f"import sys, time\nsys.path.insert(0, {str(REPO)!r})\nfrom tadm.tasks import sandbox\n"
+              f"sandbox.tempfile.tempdir = {str(tmp_path)!r}\n"
+              "sandbox.run_python('import time\\ntime.sleep(30)', timeout_s=30)\n")
+    evaluator = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not list(tmp_path.glob(f"{sandbox.LEFTOVER_PREFIX}{evaluator.pid}-*/work/main.py")):
+            assert time.monotonic() < deadline and evaluator.poll() is None, "the run never started"
+            time.sleep(0.05)
+    finally:
+        os.killpg(evaluator.pid, signal.SIGKILL)  # the evaluator, and its unshare with it
+        evaluator.wait()
+    left = list(tmp_path.glob(f"{sandbox.LEFTOVER_PREFIX}{evaluator.pid}-*"))
+    assert left  # what kill -9 leaves
+    alive = tmp_path / f"{sandbox.LEFTOVER_PREFIX}{os.getpid()}-keep"  # a live evaluator's: kept
+    alive.mkdir()
+    other = tmp_path / "tadm-sandbox-notapid"  # not ours to judge: kept
+    other.mkdir()
+    assert sorted(sandbox.remove_leftovers(str(tmp_path))) == sorted(map(str, left))
+    assert not any(p.exists() for p in left) and alive.exists() and other.exists()
+    monkeypatch.setattr(sandbox, "_isolation", sandbox._UNPROBED)  # a fresh evaluator's first run
+    (tmp_path / f"{sandbox.LEFTOVER_PREFIX}{evaluator.pid}-again").mkdir()
+    assert_still_works()
+    assert not (tmp_path / f"{sandbox.LEFTOVER_PREFIX}{evaluator.pid}-again").exists()

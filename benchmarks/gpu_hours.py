@@ -84,13 +84,25 @@ def estimates(p: config.Params) -> list[dict]:
         f = 3 * network_forward(run, m, V, L, MASKED) * tokens
         rows.append({"table": "Table 2", "work": f"train {run} ({p.train.steps:,} steps x {p.train.global_batch} x {L})",
                      "kind": "train", "flops": f})
+    extra = p.train.replicates - 1  # the training replicates: the same recipe at further seeds
+    for run in (p.train.replicate_models if extra > 0 else []):
+        f = 3 * network_forward(run, m, V, L, MASKED) * tokens * extra
+        rows.append({"table": "Table 2", "work": f"train {run}: {extra} replicates (train.replicates {p.train.replicates})",
+                     "kind": "train", "flops": f})
     s = p.sample
     for row, kind in TABLE2_ROWS.items():
         f = sum(trajectory_flops(kind, m, V, L, T, K) for T, K in zip(s.steps, s.refresh_every)) * s.num_samples
         if kind == "ar":
             f = trajectory_flops(kind, m, V, L, 0, 1) * s.num_samples  # sampled once for every budget
         rows.append({"table": "Table 2", "work": f"sample {row} ({s.num_samples} x T {s.steps})", "kind": "sample", "flops": f})
+    # each training replicate's draws of the rows the findings compare, at their budgets
+    budgets = [(T, s.refresh_every[s.steps.index(T)]) for T in s.replicate_steps]
+    for row in (s.replicate_rows if extra > 0 else []):
+        f = sum(trajectory_flops(TABLE2_ROWS[row], m, V, L, T, K) for T, K in budgets) * s.num_samples * extra
+        rows.append({"table": "Table 2", "work": f"sample {row}: {extra} replicates x {s.num_samples} x T {s.replicate_steps}",
+                     "kind": "sample", "flops": f})
     scored = (len(TABLE2_ROWS) + 1) * len(s.steps) * s.num_samples + p.eval.reference_samples
+    scored += (len(s.replicate_rows) * len(s.replicate_steps) * s.num_samples * extra) if extra > 0 else 0
     rows.append({"table": "Table 2", "work": f"score {scored:,} texts (GPT-2 Large, one forward each)", "kind": "score",
                  "flops": evaluator_flops(scored * L)})
     T0 = s.steps[0]
@@ -110,6 +122,10 @@ def estimates(p: config.Params) -> list[dict]:
     # the fresh-anchor control: the same recipe (its rollouts recompute the anchor: about the same passes)
     rows.append({"table": "Table 1", "work": f"fresh-anchor control ({pt.steps:,} steps x global batch {global_batch})",
                  "kind": "posttrain", "flops": per_example * pt.steps * global_batch})
+    fusion_extra = pt.replicates - 1  # the fusion's and the control's replicates (posttrain.replicates)
+    if fusion_extra > 0:
+        rows.append({"table": "Table 1", "work": f"fusion + control: {fusion_extra} replicates each (posttrain.replicates {pt.replicates})",
+                     "kind": "posttrain", "flops": 2 * fusion_extra * per_example * pt.steps * global_batch})
     examples = sum(TABLE1_EXAMPLES[t] for t in pt.tasks if t in TABLE1_EXAMPLES)
     per_canvas = {None: DG_LAYERS, "control": DG_LAYERS}  # the control refreshes every step (K = 1)
     for K in pt.refresh_every:
@@ -118,6 +134,12 @@ def estimates(p: config.Params) -> list[dict]:
     gen = 2 * DG_ACTIVE_PARAMS * pt.canvas_length * pt.sample_steps * 2  # ~2 canvases per answer
     rows.append({"table": "Table 1", "work": f"generate {examples:,} examples x {len(pt.seeds)} seeds x (base + control + K={pt.refresh_every})",
                  "kind": "generate", "flops": gen * examples * len(pt.seeds) * layer_share})
+    # the fusion replicates at posttrain.replicate_refresh_every (none: the largest K), the control's at K = 1
+    if fusion_extra > 0:
+        Ks = pt.replicate_refresh_every or [max(pt.refresh_every)]
+        share = (sum(2 + 8 + 20 * math.ceil(pt.sample_steps / K) / pt.sample_steps for K in Ks) + DG_LAYERS) / DG_LAYERS
+        rows.append({"table": "Table 1", "work": f"generate: {fusion_extra} fusion replicates (K={Ks}) + the control's x {len(pt.seeds)} seeds",
+                     "kind": "generate", "flops": gen * examples * len(pt.seeds) * share * fusion_extra})
     a = p.asrd
     La = a.prompt_tokens + a.response_tokens
     rows.append({"table": "ASRD", "work": f"train the masked model ({a.train_steps:,} x {a.train_batch} x {La})", "kind": "train",

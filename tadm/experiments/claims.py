@@ -667,14 +667,15 @@ def _table2_quality(inp: Inputs, c: Claim, metric: str, a_row: str, b_row: str, 
     c.training_arms = (got["runs"], got["runs"]) if got["pool"] else None
     c.covers = _covers(got, metric)
     seeds = sorted(got["per_seed"])
-    first, second = (a_row, b_row) if sign > 0 else (b_row, a_row)
+    # the rows in the claim's (and the paper column's) order; the effect named where it runs b vs a
+    effect = "" if sign > 0 else f"{LABEL.get(b_row, b_row)} vs {LABEL.get(a_row, a_row)} "
     if metric == "mauve":
-        va, vb = (_mean_cells(inp, "mauve", r, T, seeds) for r in (first, second))
-        c.shown = (f"{va:.3f} vs {vb:.3f} (mean of {len(seeds)} training runs): diff {_fmt(c.value, c.se)}"
+        va, vb = (_mean_cells(inp, "mauve", r, T, seeds) for r in (a_row, b_row))
+        c.shown = (f"{va:.3f} vs {vb:.3f} (mean of {len(seeds)} training runs): {effect}diff {_fmt(c.value, c.se)}"
                    f"{_df(c)} (T = {T})")
     else:
-        va, vb = (math.exp(_mean_cells(inp, "log_ppl", r, T, seeds)) for r in (first, second))
-        c.shown = (f"{va:.1f} vs {vb:.1f} (geometric mean of {len(seeds)} training runs): {_pct(c.value)} "
+        va, vb = (math.exp(_mean_cells(inp, "log_ppl", r, T, seeds)) for r in (a_row, b_row))
+        c.shown = (f"{va:.1f} vs {vb:.1f} (geometric mean of {len(seeds)} training runs): {effect}{_pct(c.value)} "
                    f"(± {100 * c.se:.1f} %{_df(c)}; T = {T})")
     runs = "; ".join(f"seed {s}: {sign * d:+.3f}" for s, d in got["per_seed"].items())
     c.notes = f"per training run ({'MAUVE diff' if metric == 'mauve' else 'log ratio'}): {runs}"

@@ -172,6 +172,32 @@ def run_dir(tmp_path):
     return p, tmp_path
 
 
+def test_compute_checks_follow_the_runs_refresh_interval(run_dir):
+    """`-S sample.refresh_every='[2,8]'` (the README's example) used to turn both implementation
+    checks to "fail": their expected ratio was the paper's 0.75 / 0.625 whatever K the run used.
+    The design's ratio is now computed at the run's K and depths; the paper's K is named beside."""
+    p, root = run_dir
+    p = config.override(p, {"sample.refresh_every": [2, 8]})
+    for row in ("tadm", "mdlm"):
+        path = root / f"results/table2/{row}.json"
+        record = json.loads(path.read_text())
+        for T, K in ((64, 2), (128, 8)):  # counted at the new K (TADM: 2 denoiser + 4 anchor layers per refresh)
+            record["budgets"][str(T)]["layer_calls"] = T * 2 + -(-T // K) * 4 if row == "tadm" else T * 4
+        path.write_text(json.dumps(record))
+    got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
+    t2l, t1l = got["compute_T2L"], got["compute_T1L"]
+    assert t2l.verdict == C.PASS and t2l.value == pytest.approx((128 * 2 + 16 * 4) / (128 * 4))
+    assert t1l.verdict == C.PASS and t1l.value == pytest.approx((64 * 2 + 32 * 4) / (64 * 4))
+    assert "the paper's K = 4: this K's design ratio is 0.6250x" in t2l.shown
+    assert "the paper's K = 8: this K's design ratio is 1.0000x" in t1l.shown
+    # a count that is not the design's at the run's K still fails
+    path = root / "results/table2/tadm.json"
+    record = json.loads(path.read_text())
+    record["budgets"]["128"]["layer_calls"] += 1
+    path.write_text(json.dumps(record))
+    assert {c.id: c for c in C.claims(C.read_inputs(p, root))}["compute_T2L"].verdict == C.FAIL
+
+
 def test_claims_follow_the_numbers(run_dir):
     p, root = run_dir
     got = {c.id: c for c in C.claims(C.read_inputs(p, root))}

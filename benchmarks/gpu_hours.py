@@ -127,9 +127,12 @@ def estimates(p: config.Params) -> list[dict]:
         rows.append({"table": "Table 1", "work": f"fusion + control: {fusion_extra} replicates each (posttrain.replicates {pt.replicates})",
                      "kind": "posttrain", "flops": 2 * fusion_extra * per_example * pt.steps * global_batch})
     examples = sum(TABLE1_EXAMPLES[t] for t in pt.tasks if t in TABLE1_EXAMPLES)
+    def per_step(K: int) -> float:  # decoder layers per denoising step at K: shared + denoiser, the anchor every K
+        return 2 + 8 + 20 * math.ceil(pt.sample_steps / K) / pt.sample_steps
+
     per_canvas = {None: DG_LAYERS, "control": DG_LAYERS}  # the control refreshes every step (K = 1)
     for K in pt.refresh_every:
-        per_canvas[K] = 2 + 8 + 20 * math.ceil(pt.sample_steps / K) / pt.sample_steps
+        per_canvas[K] = per_step(K)
     layer_share = sum(per_canvas.values()) / DG_LAYERS  # base + control + each K, relative to the base
     gen = 2 * DG_ACTIVE_PARAMS * pt.canvas_length * pt.sample_steps * 2  # ~2 canvases per answer
     rows.append({"table": "Table 1", "work": f"generate {examples:,} examples x {len(pt.seeds)} seeds x (base + control + K={pt.refresh_every})",
@@ -137,7 +140,7 @@ def estimates(p: config.Params) -> list[dict]:
     # the fusion replicates at posttrain.replicate_refresh_every (none: the largest K), the control's at K = 1
     if fusion_extra > 0:
         Ks = pt.replicate_refresh_every or [max(pt.refresh_every)]
-        share = (sum(2 + 8 + 20 * math.ceil(pt.sample_steps / K) / pt.sample_steps for K in Ks) + DG_LAYERS) / DG_LAYERS
+        share = (sum(per_step(K) for K in Ks) + DG_LAYERS) / DG_LAYERS
         rows.append({"table": "Table 1", "work": f"generate: {fusion_extra} fusion replicates (K={Ks}) + the control's x {len(pt.seeds)} seeds",
                      "kind": "generate", "flops": gen * examples * len(pt.seeds) * share * fusion_extra})
     a = p.asrd

@@ -101,6 +101,14 @@ def table1_row(method: str) -> dict:
     return {k: _float(v) for k, v in row.items()}
 
 
+def against_tadm(family: str, sign=None) -> str:
+    """A Table 1 family's accuracy against TADM at K = 2 and 3 as the prose writes it:
+    "<delta> ± <se> and <delta> ± <se>" (`sign`: how a delta is written, :func:`signed` by default)."""
+    sign = sign or signed
+    return " and ".join(f"{sign(r['delta_tadm_pts'])} ± {r['delta_tadm_se']:.1f}"
+                        for r in (table1_row(f"{family} K={K}") for K in (2, 3)))
+
+
 def table2(row: str, budget: str, key: str) -> float:
     """A cell of the committed Table 2 (metrics/table2.json)."""
     return source("metrics/table2.json")[f"{row}_{budget}_{key}"]
@@ -408,16 +416,12 @@ FIGURES = [
      lambda: f"completion on {100 * table1('NaivereuseK2_same_output_as_tadm'):.0f} % (K = 2) and "
              f"{100 * table1('NaivereuseK3_same_output_as_tadm'):.0f} % (K = 3) of the example-seeds"),
     (DP, "naive reuse's accuracy against TADM",
-     lambda: "scores {} ± {:.1f} and {} ± {:.1f} points against TADM".format(
-         signed(table1_row("Naive reuse K=2")["delta_tadm_pts"]), table1_row("Naive reuse K=2")["delta_tadm_se"],
-         signed(table1_row("Naive reuse K=3")["delta_tadm_pts"]), table1_row("Naive reuse K=3")["delta_tadm_se"])),
+     lambda: f"scores {against_tadm('Naive reuse')} points against TADM"),
     (DP, "the outputs the trained fusion changes",
      lambda: f"changes {100 - 100 * table1('NaivereuseK2_same_output_as_tadm'):.0f} % (K = 2) and "
              f"{100 - 100 * table1('NaivereuseK3_same_output_as_tadm'):.0f} % (K = 3) of the outputs"),
     (DP, "the feature cache's accuracy against TADM",
-     lambda: "feature cache scores {} ± {:.1f} and {} ± {:.1f} points against TADM".format(
-         plus(table1_row("Feature cache K=2")["delta_tadm_pts"]), table1_row("Feature cache K=2")["delta_tadm_se"],
-         plus(table1_row("Feature cache K=3")["delta_tadm_pts"]), table1_row("Feature cache K=3")["delta_tadm_se"])),
+     lambda: f"feature cache scores {against_tadm('Feature cache', plus)} points against TADM"),
     (DP, "the feature cache's measured speed (a timing)",
      lambda: f"runs only {table1('FeaturecacheK2_throughput_x'):.2f}x and {table1('FeaturecacheK3_throughput_x'):.2f}x "
              f"the base's speed (TADM {table1('TADMK2_throughput_x'):.2f}x and {table1('TADMK3_throughput_x'):.2f}x)"),

@@ -209,6 +209,13 @@ def _build(cls: type, raw: dict, prefix: str, source: str, profile: Optional[str
     return obj
 
 
+def _refuse_first(bad: list, key: str, why, source: str) -> None:
+    """A ConfigError on `key` naming the first value of `bad` (`why(value)` says what is wrong
+    with it), if there is one: the cross-checks' "every entry of this list must ..." rules."""
+    if bad:
+        raise ConfigError(key, why(bad[0]), source)
+
+
 class _CROSS_CHECKS:
     """Constraints that involve several keys of one section."""
 
@@ -253,9 +260,8 @@ class _CROSS_CHECKS:
     def TrainConfig(c: TrainConfig, p: str, src: str) -> None:
         if c.global_batch % c.micro_batch:
             raise ConfigError(f"{p}.global_batch", f"must be a multiple of micro_batch ({c.micro_batch}), got {c.global_batch}", src)
-        outside = [r for r in c.replicate_models if r not in c.models]
-        if outside:
-            raise ConfigError(f"{p}.replicate_models", f"{outside[0]!r} is not in train.models ({c.models})", src)
+        _refuse_first([r for r in c.replicate_models if r not in c.models], f"{p}.replicate_models",
+                      lambda r: f"{r!r} is not in train.models ({c.models})", src)
 
     @staticmethod
     def TrainedEvaluatorConfig(c: TrainedEvaluatorConfig, p: str, src: str) -> None:
@@ -274,12 +280,10 @@ class _CROSS_CHECKS:
             if K > T:
                 raise ConfigError(f"{p}.refresh_every[{i}]", f"must be <= its budget steps[{i}] ({T}; a larger K refreshes "
                                   f"only at the start, as K = {T} does), got {K}", src)
-        too_big = [K for K in c.sweep_refresh if K > max(c.steps)]
-        if too_big:
-            raise ConfigError(f"{p}.sweep_refresh", f"must be <= the largest budget of steps ({max(c.steps)}), got {too_big[0]}", src)
-        outside = [T for T in c.replicate_steps if T not in c.steps]
-        if outside:
-            raise ConfigError(f"{p}.replicate_steps", f"{outside[0]} is not a sampling budget of steps ({c.steps})", src)
+        _refuse_first([K for K in c.sweep_refresh if K > max(c.steps)], f"{p}.sweep_refresh",
+                      lambda K: f"must be <= the largest budget of steps ({max(c.steps)}), got {K}", src)
+        _refuse_first([T for T in c.replicate_steps if T not in c.steps], f"{p}.replicate_steps",
+                      lambda T: f"{T} is not a sampling budget of steps ({c.steps})", src)
 
     @staticmethod
     def PosttrainConfig(c: PosttrainConfig, p: str, src: str) -> None:
@@ -289,21 +293,18 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.base.num_key_value_heads", f"must divide num_attention_heads ({c.base.num_attention_heads})", src)
         if abs(sum(c.cache_age_probs) - 1.0) > 1e-6:
             raise ConfigError(f"{p}.cache_age_probs", f"must sum to 1, got {sum(c.cache_age_probs):g}", src)
-        too_big = [k for k in c.refresh_every if k > c.sample_steps]
-        if too_big:
-            raise ConfigError(f"{p}.refresh_every", f"must be <= sample_steps ({c.sample_steps}, the denoising steps per canvas; "
-                              f"a larger K refreshes once per canvas, as K = {c.sample_steps} does), got {too_big[0]}", src)
+        _refuse_first([k for k in c.refresh_every if k > c.sample_steps], f"{p}.refresh_every",
+                      lambda k: f"must be <= sample_steps ({c.sample_steps}, the denoising steps per canvas; a larger K "
+                                f"refreshes once per canvas, as K = {c.sample_steps} does), got {k}", src)
         if c.feature_cache_share and math.floor(c.feature_cache_share * c.canvas_length + 1e-9) < 1:
             raise ConfigError(f"{p}.feature_cache_share", f"recomputes no row of the {c.canvas_length}-row canvas "
                               f"(floor(share x canvas_length) = 0): must be 0 (the matched share) or >= "
                               f"1/canvas_length ({1 / c.canvas_length:g}), got {c.feature_cache_share!r}", src)
-        missing = [s for s in c.seeds if c.cache_seeds and s not in c.cache_seeds]
-        if missing:
-            raise ConfigError(f"{p}.cache_seeds", f"must include every seed of posttrain.seeds ({c.seeds}; the cache rows "
-                              f"are paired with TADM's at them), {missing[0]} is missing", src)
-        outside = [k for k in c.replicate_refresh_every if k not in c.refresh_every]
-        if outside:
-            raise ConfigError(f"{p}.replicate_refresh_every", f"{outside[0]} is not a K of refresh_every ({c.refresh_every})", src)
+        _refuse_first([s for s in c.seeds if c.cache_seeds and s not in c.cache_seeds], f"{p}.cache_seeds",
+                      lambda s: f"must include every seed of posttrain.seeds ({c.seeds}; the cache rows are paired with "
+                                f"TADM's at them), {s} is missing", src)
+        _refuse_first([k for k in c.replicate_refresh_every if k not in c.refresh_every], f"{p}.replicate_refresh_every",
+                      lambda k: f"{k} is not a K of refresh_every ({c.refresh_every})", src)
 
     @staticmethod
     def AsrdConfig(c: AsrdConfig, p: str, src: str) -> None:
@@ -319,10 +320,9 @@ class _CROSS_CHECKS:
             raise ConfigError(f"{p}.llada_gen_tokens", f"must be a multiple of llada_block_size ({c.llada_block_size}), got {c.llada_gen_tokens}", src)
         if c.llada_steps % (c.llada_gen_tokens // c.llada_block_size):
             raise ConfigError(f"{p}.llada_steps", f"must divide evenly over the {c.llada_gen_tokens // c.llada_block_size} blocks, got {c.llada_steps}", src)
-        too_big = [k for k in c.llada_cache_refresh if k > c.llada_steps]
-        if too_big:
-            raise ConfigError(f"{p}.llada_cache_refresh", f"must be <= llada_steps ({c.llada_steps}; a larger K never "
-                              f"refreshes after the first pass), got {too_big[0]}", src)
+        _refuse_first([k for k in c.llada_cache_refresh if k > c.llada_steps], f"{p}.llada_cache_refresh",
+                      lambda k: f"must be <= llada_steps ({c.llada_steps}; a larger K never refreshes after the first "
+                                f"pass), got {k}", src)
         if c.refresh_every > max(c.steps, c.dg_steps):
             raise ConfigError(f"{p}.refresh_every", f"must be <= the decoding steps (steps {c.steps}, dg_steps {c.dg_steps}; "
                               f"a larger K never refreshes after the first pass), got {c.refresh_every}", src)

@@ -42,6 +42,33 @@ def sha256_tree(path: str | Path) -> dict[str, str]:
     }
 
 
+def free_space(path: str | Path) -> str:
+    """The free space on `path`'s disk (its nearest existing ancestor), in a few words."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return f"{shutil.disk_usage(path).free / 2 ** 20:,.0f} MiB free on its disk"
+    except OSError:
+        return "free space unknown"
+
+
+def require_writable(dirs: dict[str, str | Path], before: str) -> None:
+    """Each directory ({what: path}) exists or can be made, and takes a new file: probed before
+    `before` starts, so that a read-only or missing output place is one line at the start, not a
+    traceback after the work. Raises DataError naming the directory."""
+    for what, directory in dirs.items():
+        directory = Path(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise DataError(f"{directory}: cannot write the {what} there ({e.strerror or e}; {free_space(directory)}); "
+                            f"nothing was done: make it writable before {before}") from None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success rename it onto `path`.

@@ -99,7 +99,8 @@ def train(p: Params, tokenizer, root: Path = Path("."), log=print, restart: bool
                     lr_at=lambda s: cosine_lr(s, a.lr, a.warmup_steps, a.train_steps, 0.1), opt=opt, clip=1.0,
                     run_dir=root / "checkpoints" / "asrd_mdlm", settings=settings, seed=p.seed, log_every=a.log_every,
                     checkpoint_every=a.checkpoint_every, d=d, log=log, restart=restart, compile=p.runtime.compile,
-                    command="python -m tadm asrd-model")
+                    command="python -m tadm asrd-model",
+                    outputs={"model": (root / MODEL_DIR).parent, "metrics": root / "metrics" / "asrd"})
     summary = {"run": "asrd_mdlm", "steps": a.train_steps, "parameters": sum(q.numel() for q in model.parameters()),
                "sequences": len(x), "layout": {"prompt_tokens": a.prompt_tokens, "response_tokens": a.response_tokens},
                "final_loss": history[-1]["loss"] if history else None}

@@ -150,7 +150,7 @@ def train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool = False,
     from tadm.train.trainer import hold_run
 
     d = runtime.setup(p.runtime)
-    with hold_run(CHECKPOINTS, d, "python -m tadm evaluator"):
+    with hold_run(CHECKPOINTS, d, "python -m tadm evaluator", {"model": MODEL_DIR.parent, "metrics": METRICS.parent}):
         return _train(p, data_dir, tokenizer_dir, restart, log, d)
 
 

@@ -56,20 +56,24 @@ def small_config(p: Params, vocab_size: int, eos_id: int, pad_id: int):
 
 
 def base_source(p: Params, root: Path = Path(".")) -> str:
-    """Where the base comes from: the pipeline's checkpoint or posttrain.base_model."""
+    """Where the base comes from: the pipeline's checkpoint or posttrain.base_model (a local
+    directory exactly when posttrain.base_model is "local": pass ``local=`` to :func:`load_base`)."""
     return str(root / BASE_DIR) if p.posttrain.base_model == "local" else p.posttrain.base_model
 
 
-def load_base(source: str | Path, precision: str = "fp32", device: str | torch.device = CPU):
-    """The frozen DiffusionGemmaForBlockDiffusion from a hub id or a local directory.
+def load_base(source: str | Path, precision: str = "fp32", device: str | torch.device = CPU, *, local: bool = False):
+    """The frozen DiffusionGemmaForBlockDiffusion from a hub id or a local directory (`local`:
+    `source` is a directory whatever it reads like -- the pipeline's ``models/dg_base`` reads
+    like a hub id -- and a missing one is a one-line error, never a hub lookup).
 
     The weights are read in `precision` (the paper: bf16) and placed directly on `device`
     (``device_map={"": device}``, low-memory loading), so that each of N processes holds only
     its GPU copy, not a full-precision copy of a 26B model in host memory."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
+    is_local = local
     local = Path(source).expanduser()
-    if (str(source).startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
+    if (is_local or str(source).startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
         raise DataError(f"{local}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro train, or alone: python -m tadm dg-base)")
     device = torch.device(device)
     if local.exists():  # bound config.json against the weights' header before building

@@ -410,13 +410,11 @@ def load_models(p: Params, root: Path = Path("."), dist: runtime.Dist | None = N
     from tadm.data.tokenizer import load_tokenizer
 
     source = dgm.base_source(p, root)
-    if p.posttrain.base_model == "local" and not (Path(source) / "config.json").is_file():
-        # checked here: root / BASE_DIR drops the "./" by which load_base tells a local directory from a hub id
-        # ("models/dg_base" reads as one), so a missing local base would be looked up on the hub
-        raise DataError(f"{source}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro train, "
-                        "or alone: python -m tadm dg-base)")
+    local = p.posttrain.base_model == "local"
+    if local and not (Path(source) / "config.json").is_file():  # before any process group is set up
+        dgm.load_base(source, local=True)  # its one-line error
     d = dist or runtime.setup(p.runtime)
-    base = dgm.load_base(source, p.posttrain.precision, d.device)
+    base = dgm.load_base(source, p.posttrain.precision, d.device, local=local)
     fresh = _fusion_model(base, p, root / dgm.FRESH_DIR, fresh=True) if control else None
     return base, _fusion_model(base, p, root / dgm.TADM_DIR), fresh, load_tokenizer(source)
 

@@ -252,7 +252,7 @@ def _loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps: int, 
           n_data: int, lr_at: Callable[[int], float], opt: torch.optim.Optimizer, clip: float, run_dir: Path,
           settings: dict[str, Any], seed: int, log_every: int, checkpoint_every: int, d: Dist, log=print,
           restart: bool = False, compile: bool = False, command: str | None = None,
-          validation: Validation | None = None) -> list[dict]:
+          validation: Validation | None = None, outputs: dict[str, Path] | None = None) -> list[dict]:
     """Optimise `module`'s trainable parameters; `loss_fn(net, indices, gen)` -> (loss, logs).
 
     Each process does `micro` micro-batches of `batch` examples per step: global micro-batch
@@ -264,7 +264,7 @@ def _loop(name: str, module: torch.nn.Module, loss_fn: Callable, *, steps: int, 
     holds `run_dir`'s lock throughout (a second run on it is refused, naming this one).
     `validation`: evaluated at the start, every `validation.every` steps and at the last step
     (before that step's checkpoint, which keeps its records: `validation.evals`)."""
-    with hold_run(run_dir, d, command):
+    with hold_run(run_dir, d, command, outputs):  # `outputs`: where the caller saves the result (probed first)
         return _locked_loop(name, module, loss_fn, steps=steps, batch=batch, micro=micro, n_data=n_data, lr_at=lr_at,
                             opt=opt, clip=clip, run_dir=run_dir, settings=settings, seed=seed, log_every=log_every,
                             checkpoint_every=checkpoint_every, d=d, log=log, restart=restart, compile=compile,
@@ -383,7 +383,7 @@ def train_base(p: Params, tokenizer, sft_dir: Path = SFT_DIR, root: Path = Path(
                     lr_at=lambda s: cosine_lr(s, b.lr, b.warmup_steps, b.steps, 0.1), opt=opt, clip=pt.grad_clip,
                     run_dir=root / "checkpoints" / "dg_base", settings=settings, seed=pt.seed, log_every=pt.log_every,
                     checkpoint_every=pt.checkpoint_every, d=d, log=log, restart=restart, compile=p.runtime.compile,
-                    command="python -m tadm dg-base")
+                    command="python -m tadm dg-base", outputs={"model": root / "models", "metrics": root / METRICS_DIR})
     summary = {"run": "dg_base", "steps": b.steps, "parameters": sum(q.numel() for q in trainable),
                "decoder_layers": model.config.text_config.num_hidden_layers,
                "final_loss": history[-1]["loss"] if history else None}
@@ -412,7 +412,7 @@ def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log
     d = runtime.setup(p.runtime)
     pt = p.posttrain
     source = dgm.base_source(p, root)
-    base = dgm.load_base(source, pt.precision, d.device)
+    base = dgm.load_base(source, pt.precision, d.device, local=pt.base_model == "local")
     tokenizer = load_tokenizer(source)
     pad, _ = _pad_and_eos(tokenizer)
     data = SftCanvases(sft_dir, "train", pt.canvas_length, pt.max_context_tokens, pad)
@@ -441,7 +441,8 @@ def train_fusion(p: Params, sft_dir: Path = SFT_DIR, root: Path = Path("."), log
                     n_data=len(data), lr_at=lambda s: cosine_lr(s, pt.lr, pt.warmup_steps, pt.steps, pt.min_lr_ratio),
                     opt=opt, clip=pt.grad_clip, run_dir=run.checkpoints, settings=settings,
                     seed=pt.seed, log_every=pt.log_every, checkpoint_every=pt.checkpoint_every, d=d, log=log,
-                    restart=restart, compile=p.runtime.compile, command=run.command, validation=validation)
+                    restart=restart, compile=p.runtime.compile, command=run.command, validation=validation,
+                    outputs={"model": run.model.parent, "metrics": run.metrics.parent})
     evals = validation.evals
     summary = {"run": run.name, "kind": run.kind, "replicate": run.replicate, "seed": run.seed, "steps": pt.steps,
                "fusion_parameters": fusion.num_parameters, "split": list(tadm.split.split), "base_model": source,

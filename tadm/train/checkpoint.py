@@ -56,10 +56,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tadm.errors import TadmError
-from tadm.io import atomic_path, atomic_write_text, json_loads, sha256_file
+from tadm.io import atomic_path, atomic_write_text, free_space, json_loads, sha256_file
 from tadm.models.base import mismatch_report
 from tadm.runtime import host
 from tadm.train.divergence import Diverged, first_non_finite
@@ -78,6 +79,11 @@ class SettingsChanged(TadmError):
 
 class RunLocked(TadmError):
     """Another process trains into this run directory now."""
+
+
+class CheckpointWriteFailed(TadmError):
+    """A checkpoint could not be written (a full disk, a read-only directory): nothing of it is
+    left, the previous checkpoint stays the one a rerun resumes from."""
 
 
 _HELD: dict[Path, "RunLock"] = {}  # run directories this process holds (move_aside follows them)
@@ -229,21 +235,27 @@ def save(run_dir: Path, state: TrainState, param_names: list[str], keep: int = 2
         if bad is not None:  # the loops check first; this keeps any caller from writing one
             raise Diverged(f"{run_dir}: refusing to save step {state.step}: the {what} hold NaN or inf "
                            f"(tensor {bad}); {last_good(run_dir)}")
-    with atomic_path(run_dir / name) as tmp:
-        tmp.mkdir()
-        save_file(_on_host(state.model), str(tmp / "model.safetensors"))
-        save_file(_on_host(state.ema), str(tmp / "ema.safetensors"))
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        meta = {
-            "step": state.step,
-            "optimizer": opt_meta,
-            "extra": state.extra,
-            "sha256": {f: sha256_file(tmp / f) for f in FILES},
-        }
-        meta = json.loads(json.dumps(meta))  # as it will read back (tuples -> lists)
-        meta["state_sha256"] = _state_hash(meta)
-        (tmp / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
-    atomic_write_text(run_dir / "latest", name + "\n")
+    try:  # atomic: on any failure the half-written directory is removed, `latest` unchanged
+        with atomic_path(run_dir / name) as tmp:
+            tmp.mkdir()
+            save_file(_on_host(state.model), str(tmp / "model.safetensors"))
+            save_file(_on_host(state.ema), str(tmp / "ema.safetensors"))
+            save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+            meta = {
+                "step": state.step,
+                "optimizer": opt_meta,
+                "extra": state.extra,
+                "sha256": {f: sha256_file(tmp / f) for f in FILES},
+            }
+            meta = json.loads(json.dumps(meta))  # as it will read back (tuples -> lists)
+            meta["state_sha256"] = _state_hash(meta)
+            (tmp / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+        atomic_write_text(run_dir / "latest", name + "\n")
+    except (OSError, SafetensorError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:200]
+        raise CheckpointWriteFailed(f"{run_dir}: cannot write checkpoint {name} ({why}; {free_space(run_dir)}); "
+                                    f"{last_good(run_dir)}: free space or fix the directory and rerun, "
+                                    "training resumes from it") from None
     for old in sorted(run_dir.glob("step_*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return run_dir / name

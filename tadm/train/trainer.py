@@ -45,7 +45,7 @@ from tadm import memory_estimate, runtime
 from tadm.config import Params
 from tadm.data.packing import PACK_HINT, PackedTokens
 from tadm.errors import ConfigError, TadmError
-from tadm.io import read_manifest, atomic_write_json, atomic_write_text, sha256_file
+from tadm.io import read_manifest, atomic_write_json, atomic_write_text, require_writable, sha256_file
 from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
 from tadm.metrics import replicates
 from tadm.train import checkpoint
@@ -144,11 +144,16 @@ def wrap(model: torch.nn.Module, d: Dist, compile: bool = False) -> tuple[torch.
     return ddp, (torch.compile(ddp, backend=COMPILE_BACKEND) if whole else ddp)
 
 
-def hold_run(run_dir: Path, d: Dist, command: str | None = None):
+def hold_run(run_dir: Path, d: Dist, command: str | None = None, outputs: dict[str, Path] | None = None):
     """The lock on a run's checkpoint directory for the whole run, shared by every training
     loop (``with hold_run(...)``): the main process takes it (:class:`checkpoint.RunLock`; a
     second run on the directory is refused with a one-line :class:`checkpoint.RunLocked`
-    naming the holder); the other processes of a torchrun job are covered by it."""
+    naming the holder); the other processes of a torchrun job are covered by it. Before that,
+    the main process probes the checkpoint directory and the run's `outputs` ({what: directory}:
+    where its model and metrics go) for writing: a read-only or impossible place is one line
+    before any step, not a traceback after the run (:func:`tadm.io.require_writable`)."""
+    if d.main:
+        require_writable({"checkpoints": run_dir, **(outputs or {})}, command or "the run")
     return checkpoint.RunLock(run_dir, command) if d.main else nullcontext()
 
 
@@ -352,7 +357,7 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     # before anything is allocated (or the run directory touched): will it fit this machine?
     memory_estimate.require(p, lambda q, on_gpu: memory_estimate.training_estimate(name, q, on_gpu), "model")
     command = f"python -m tadm train {name}" + (f" --replicate {replicate}" if replicate else "")
-    with hold_run(paths.checkpoints, d, command):
+    with hold_run(paths.checkpoints, d, command, {"model": paths.model.parent, "metrics": paths.metrics.parent}):
         return _train(name, p, d, data_dir, meta, data, paths, log, restart, command)
 
 

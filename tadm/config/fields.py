@@ -8,7 +8,7 @@ from typing import Any
 
 def spec(default: Any, **rules: Any) -> Any:
     """A dataclass field with a default and validation rules in its metadata
-    (ge, gt, le, lt, length, nonempty, unique, path_unless; see `_check_rules`). The default is for
+    (ge, gt, le, lt, length, nonempty, unique, path_unless, registry; see `_check_rules`). The default is for
     code that builds a section directly; a params file must still set the key, unless the
     rules say ``optional=True`` (only a few per-entry fields of list records)."""
     if isinstance(default, (list, dict)):

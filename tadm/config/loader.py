@@ -134,6 +134,13 @@ def _check_rules(value: Any, rules: dict, key: str, source: str) -> None:
         ):
             if op in rules and not test(v, rules[op]):
                 raise ConfigError(name, f"must be {word} {rules[op]}, got {v!r}", source)
+    registry = rules.get("registry")
+    if registry is not None:
+        for i, v in enumerate(items):
+            if v not in registry:
+                name = f"{key}[{i}]" if isinstance(value, list) else key
+                raise ConfigError(name, f"no {registry.concept} {v!r} is registered (known: {', '.join(registry.names())})",
+                                  source)
     if "path_unless" in rules and value is not None and value not in rules["path_unless"]:
         if not Path(value).expanduser().exists():
             allowed = ", ".join(repr(a) for a in rules["path_unless"])

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tadm.config.fields import spec
+from tadm.registry import SAMPLERS
 
 
 @dataclass
@@ -24,8 +25,7 @@ class SampleConfig:
     block_size: int = spec(1024, ge=1)  # semi-autoregressive block; = canvas for none
     nucleus_p: float = spec(0.9, gt=0.0, le=1.0)
     precision: Literal["float64", "float32"] = "float64"
-    sampler: Literal["mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "mdlm-fb", "mdlm-dfm",
-                     "sedd-analytic"] = "remdm-loop"
+    sampler: str = spec("remdm-loop", registry=SAMPLERS)  # a name in tadm.registry.SAMPLERS
     eta: float = spec(0.02, ge=0.0, le=1.0)
     t_on: float = spec(0.55, gt=0.0, le=1.0)
     t_off: float = spec(0.05, ge=0.0, lt=1.0)

@@ -11,13 +11,16 @@ from tadm.sampling.anchor_cache import (
     PAPER_REFRESH_SCHEDULE, AdaptiveDrift, AnchorCache, BudgetSchedule, FixedInterval, RefreshPolicy,
     StaleAnchorError,
 )
-from tadm.sampling.base import SAMPLER_NAMES, Paused, SampleResult, SamplerSettings, StepInfo, Transition, sample
+from tadm.sampling.base import Paused, SampleResult, SamplerSettings, StepInfo, Transition, sample
 from tadm.sampling.counters import ComputeCounter, instrument
 from tadm.sampling.mdlm import MDLMSampler, mdlm_posterior
 from tadm.sampling.remdm import LoopSchedule, ReMDMSampler, remdm_posterior, sigma_max
 from tadm.sampling.correctors import CorrectorSampler, dfm_grid, dfm_posterior, dfm_rates, fb_posterior, fb_rates
 from tadm.sampling.sedd import SEDDAnalyticSampler, sedd_analytic_posterior
 from tadm.sampling.ar import ARSettings, next_token_probs, sample_ar
+from tadm.registry import SAMPLERS
+
+SAMPLER_NAMES = SAMPLERS.names()  # every sampler module above has registered its names
 
 __all__ = [
     "Adapter", "MDLMAdapter", "ADLMAdapter", "TADMAdapter", "make_adapter",

@@ -92,10 +92,9 @@ from tadm.models.dit import constant_conditioning
 from tadm.sampling.adapters import Adapter
 from tadm.sampling.counters import ComputeCounter
 from tadm.sampling.nucleus import draw_nucleus
+from tadm.registry import SAMPLERS
 from tadm.schedule import LogLinearSchedule, NoiseSchedule
 
-SAMPLER_NAMES = ("mdlm", "remdm-cap", "remdm-rescale", "remdm-conf", "remdm-loop", "mdlm-fb", "mdlm-dfm",
-                 "sedd-analytic")
 PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
 AUTOCAST = ("fp32", "bf16")  # the network's autocast (`tadm.runtime.autocast`: GPU, or a CPU with native bf16)
 
@@ -124,8 +123,8 @@ class SamplerSettings:
     autocast: str = "fp32"  # network forward: "bf16" autocast on CUDA (runtime.precision); draws stay in `precision`
 
     def __post_init__(self) -> None:
-        if self.sampler not in SAMPLER_NAMES:
-            raise ValueError(f"unknown sampler {self.sampler!r}; known: {', '.join(SAMPLER_NAMES)}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {self.sampler!r}; known: {', '.join(SAMPLERS.names())}")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
         if not 0.0 < self.nucleus_p <= 1.0:
@@ -360,18 +359,24 @@ def x_theta_rows(logits: Tensor, mask_id: int, precision: torch.dtype) -> Tensor
 # --------------------------------------------------------------------------- samplers
 
 
-SAMPLERS: dict[str, type["Sampler"]] = {}
-
-
 class Sampler(abc.ABC):
-    """A reverse transition rule. Subclasses list the `names` they implement."""
+    """A reverse transition rule. Subclasses list the `names` they implement; each name is
+    registered in `tadm.registry.SAMPLERS` (what ``sample.sampler`` may name) as the subclass is
+    defined. A new sampler is one subclass in a module the package's ``__init__`` imports:
+
+        class GreedySampler(MDLMSampler):
+            names = ("mdlm-greedy",)
+
+            def transition(self, z_t, t, s, active):  # the hook it changes
+                ...
+    """
 
     names: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for name in cls.names:
-            SAMPLERS[name] = cls
+            SAMPLERS.register(name, cls)
 
     def __init__(self, settings: SamplerSettings, mask_id: int):
         self.settings, self.mask_id = settings, mask_id
@@ -436,14 +441,13 @@ class Sampler(abc.ABC):
 
 
 def build_sampler(settings: SamplerSettings, mask_id: int) -> Sampler:
-    """The registered sampler named by `settings.sampler`. The registry is filled as each sampler
-    module is imported (`Sampler.__init_subclass__`), which the package's ``__init__`` does
-    before any of its modules is used: this module imports none of them."""
+    """The registered sampler named by `settings.sampler` (`tadm.registry.SAMPLERS`, filled as
+    each sampler module is imported by the package's ``__init__``; this module imports none)."""
     try:
         cls = SAMPLERS[settings.sampler]
     except KeyError:
         raise ValueError(f"sample.sampler: no sampler {settings.sampler!r} is registered (known: "
-                         f"{', '.join(sorted(SAMPLERS))})") from None
+                         f"{', '.join(sorted(SAMPLERS.names()))})") from None
     return cls(settings, mask_id)
 
 
@@ -630,7 +634,7 @@ def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len:
 
 
 __all__ = [
-    "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "Paused", "Transition", "StepInfo", "Sampler", "SAMPLERS",
+    "SamplerSettings", "SampleResult", "Paused", "Transition", "StepInfo", "Sampler", "SAMPLERS",
     "build_sampler", "sample", "time_grid", "block_ranges", "alpha_at", "nucleus_filter", "predict_x0",
     "sample_categorical", "point_mass", "factored", "x_theta_rows", "draw_nucleus", "alpha_grid", "decoded_rows",
     "AUTOCAST",

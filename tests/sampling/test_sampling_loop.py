@@ -217,7 +217,7 @@ def test_a_sampler_that_leaves_masks_is_an_error_not_a_silent_fill(models):
             from tadm.sampling.base import _trajectory
             _trajectory(adapter, Stalling(settings, V), settings, 2, L, torch.Generator().manual_seed(0), None)
     finally:
-        SAMPLERS.pop("test-stalling")
+        SAMPLERS.unregister("test-stalling")
     with pytest.raises(ValueError, match="rates must lie in"):
         Stalling(settings, V).rates(torch.full((1, 4), V), torch.ones(4, dtype=torch.bool), 1.5, 0.0)
 

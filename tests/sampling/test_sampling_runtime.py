@@ -132,7 +132,7 @@ def test_a_per_position_rate_out_of_range_is_still_an_error(models):
         with make_adapter(models["mdlm"]) as adapter, pytest.raises(ValueError, match=message):
             _trajectory(adapter, sampler, settings, 2, L, torch.Generator().manual_seed(0), None)
     finally:
-        SAMPLERS.pop("test-out-of-range")
+        SAMPLERS.unregister("test-out-of-range")
     z, active = torch.full((1, 4), V), torch.ones(4, dtype=torch.bool)
     with pytest.raises(ValueError, match="got min -0.5, max 0.5"):  # outside the loop: checked at once
         sampler.rates(z, active, torch.tensor([[-0.5, 0.5, 0.0, 0.0]], dtype=torch.float64), 0.0)

@@ -33,7 +33,7 @@ from tadm.compute import dense_flops, dit_block_flops, fusion_flops, lm_head_flo
 
 MASKED = 0.5  # E[fraction of masked rows] in training (t ~ U(eps, 1), alpha_t = 1 - t)
 MFU = {"train": 0.40, "sample": 0.20, "score": 0.40, "posttrain": 0.20, "generate": 0.10}
-GPT2_LARGE = dict(d=1280, layers=36, vocab=50257)  # MAUVE features and Gen PPL (REFERENCE.md)
+GPT2_LARGE = dict(d=1280, layers=36, vocab=50257)  # MAUVE features and Gen PPL (MDLM's evaluator)
 DG_ACTIVE_PARAMS = 4.0e9  # DiffusionGemma-26B-A4B: ~4B parameters active per token
 DG_LAYERS = 30  # decoder depth; the paper's split is 2 / 20 / 8
 TABLE1_EXAMPLES = {"gsm8k": 1319, "humaneval": 164, "gpqa_diamond": 198, "mmlu_pro": 12032,
@@ -91,12 +91,12 @@ def estimates(p: config.Params) -> list[dict]:
                      "kind": "train", "flops": f})
     s = p.sample
     for row, kind in TABLE2_ROWS.items():
-        f = sum(trajectory_flops(kind, m, V, L, T, K) for T, K in zip(s.steps, s.refresh_every)) * s.num_samples
+        f = sum(trajectory_flops(kind, m, V, L, T, K) for T, K in ((b.T, b.K) for b in s.budgets)) * s.num_samples
         if kind == "ar":
             f = trajectory_flops(kind, m, V, L, 0, 1) * s.num_samples  # sampled once for every budget
         rows.append({"table": "Table 2", "work": f"sample {row} ({s.num_samples} x T {s.steps})", "kind": "sample", "flops": f})
     # each training replicate's draws of the rows the findings compare, at their budgets
-    budgets = [(T, s.refresh_every[s.steps.index(T)]) for T in s.replicate_steps]
+    budgets = [(T, s.refresh_for(T)) for T in s.replicate_steps]
     for row in (s.replicate_rows if extra > 0 else []):
         f = sum(trajectory_flops(TABLE2_ROWS[row], m, V, L, T, K) for T, K in budgets) * s.num_samples * extra
         rows.append({"table": "Table 2", "work": f"sample {row}: {extra} replicates x {s.num_samples} x T {s.replicate_steps}",

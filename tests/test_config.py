@@ -34,7 +34,7 @@ def test_paper_profile_carries_the_paper_settings():
     assert p.train.betas == [0.9, 0.999] and p.train.weight_decay == 0.0 and p.train.grad_clip == 1.0
     # every Table 2 budget T = 128 ... 4096 with its K = {2,2,2,8,4,4}
     assert p.sample.steps == [128, 256, 512, 1024, 2048, 4096] and p.sample.num_samples == 5000
-    assert p.sample.refresh_every == [2, 2, 2, 8, 4, 4]
+    assert [p.sample.refresh_for(T) for T in p.sample.steps] == [2, 2, 2, 8, 4, 4]
     assert (p.posttrain.shared_layers, p.posttrain.anchor_layers, p.posttrain.denoiser_layers) == (2, 20, 8)
     pt = p.posttrain
     assert (pt.fusion_rank, pt.gate_bias_init, pt.steps, pt.batch_size) == (256, -3.0, 18_750, 1)
@@ -69,7 +69,7 @@ def test_default_profile_keeps_the_paper_layer_ratios_and_budget_regimes():
     for p in (paper, default):
         assert p.model.anchor_layers == p.model.mdlm_layers == 2 * p.model.denoiser_layers
     L, s = default.sample.canvas_length, default.sample
-    assert dict(zip(s.steps, s.refresh_every)) == {L: 8, 2 * L: 4}
+    assert {b.T: b.K for b in s.budgets} == {L: 8, 2 * L: 4}
     share = lambda p: lm_head_share(p.model.d_model, p.packing.seq_len, p.tokenizer.vocab_size, p.model.mdlm_layers)
     assert share(default) < 0.1 < share(paper)
 
@@ -97,8 +97,8 @@ BAD = [
     # (key to change, bad value, words the one-line message must contain)
     ("corpus.sourse", "shakespeare", ["corpus.sourse", "unknown key", "source"]),
     ("bogus", 1, ["bogus", "unknown key"]),
-    ("sample.refresh_every", [0, 4], ["sample.refresh_every[0]", ">= 1"]),
-    ("sample.steps", [0, 256], ["sample.steps[0]", ">= 1"]),
+    ("sample.budgets", [{"T": 64, "K": 0}], ["sample.budgets[0].K", ">= 1"]),
+    ("sample.budgets", [{"T": 64, "K": 8}, {"T": 0, "K": 4}], ["sample.budgets[1].T", ">= 1"]),
     ("sample.canvas_length", 100, ["sample.canvas_length", "multiple of block_size"]),
     ("train.lr", -1.0e-4, ["train.lr", "> 0"]),
     ("train.lr", "fast", ["train.lr", "a number"]),
@@ -113,7 +113,7 @@ BAD = [
     ("posttrain.base.top_k_experts", 9, ["posttrain.base.top_k_experts", "num_experts"]),
     ("posttrain.task_sources", {"aime": 3}, ["posttrain.task_sources.aime", "string"]),
     ("posttrain.tasks", ["mmlu"], ["posttrain.tasks[0]"]),
-    ("sample.refresh_every", [2], ["sample.refresh_every", "one K per sampling budget"]),
+    ("sample.budgets", [{"T": 64}], ["sample.budgets[0]", "missing key", "K"]),
     ("train.ema", 1.0, ["train.ema", "< 1"]),
     ("tokenizer.vocab_size", 8192, ["tokenizer.vocab_size", "50257"]),  # with kind gpt2 below
     ("sample.nucleus_p", None, ["sample.nucleus_p", "a number"]),

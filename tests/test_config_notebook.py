@@ -15,7 +15,7 @@ import yaml
 from tadm import config
 from tadm.config import notebook
 from tadm.errors import ConfigError
-from tadm.posttrain import table1
+from tadm.experiments import table1
 
 
 def _error(fn, *args, **kwargs) -> str:
@@ -71,12 +71,14 @@ def test_a_profile_other_than_the_params_files_is_refused(params_file):
 
 @pytest.mark.parametrize("args,expected", [
     (("K_values", 4, "sample.sweep_refresh"), "K_values: expected a list of an integer, got 4"),  # before: TypeError
-    (("T", 64.0, "sample.steps"), "T: expected an integer, got 64.0"),
+    (("T", 64.0, "sample.replicate_steps"), "T: expected an integer, got 64.0"),
 ])
 def test_list_and_entry_parameters(args, expected):
     name, value, key = args
     assert expected in _error(notebook.parameter, name, value, key, entry=name == "T")
-    assert notebook.parameter("T", 64, "sample.steps", entry=True) == 64
+    assert notebook.parameter("T", 64, "sample.replicate_steps", entry=True) == 64
+    assert notebook.parameter("T", 64, "sample.budgets.T") == 64 and notebook.parameter("K", 8, "sample.budgets.K") == 8
+    assert "K: must be >= 1, got 0" in _error(notebook.parameter, "K", 0, "sample.budgets.K")
     assert notebook.parameter("K_values", [1, 2], "sample.sweep_refresh") == [1, 2]
     assert notebook.parameter("guidance", 1, "asrd.guidance") == 1.0 and notebook.parameter("K", None, "asrd.refresh_every") is None
     assert "adaptive: must be <= 1.0, got 1.5" in _error(notebook.parameter, "adaptive", 1.5, tp=float, gt=0.0, le=1.0)

@@ -57,7 +57,7 @@ def test_impossible_values_are_refused_by_check_and_at_load(tmp_path, key, value
     # lists that must not repeat a value
     ("train.models", ["mdlm", "mdlm"], "train.models: must not repeat a value"),
     ("train.refresh_choices", [1, 1], "train.refresh_choices: must not repeat a value"),
-    ("sample.steps", [64, 64], "sample.steps: must not repeat a value"),
+    ("sample.budgets", [{"T": 64, "K": 8}, {"T": 64, "K": 4}], "sample.budgets[1].T: budget T = 64 is listed twice"),
     ("sample.sweep_refresh", [1, 2, 2], "sample.sweep_refresh: must not repeat a value"),
     ("posttrain.tasks", ["gsm8k", "gsm8k"], "posttrain.tasks: must not repeat a value"),
     ("asrd.seeds", [0, 0], "asrd.seeds: must not repeat a value"),
@@ -66,8 +66,8 @@ def test_impossible_values_are_refused_by_check_and_at_load(tmp_path, key, value
     ("sft.arithmetic_ops", ["+", "+"], "sft.arithmetic_ops: must not repeat a value"),
     # refresh intervals beyond the steps they divide
     ("posttrain.refresh_every", [2, 49], "posttrain.refresh_every: must be <= sample_steps (48"),
-    ("sample.refresh_every", [8, 1000], "sample.refresh_every[1]: must be <= its budget steps[1] (128"),
-    ("sample.sweep_refresh", [1, 129], "sample.sweep_refresh: must be <= the largest budget of steps (128)"),
+    ("sample.budgets", [{"T": 64, "K": 8}, {"T": 128, "K": 1000}], "sample.budgets[1].K: must be <= its budget's T (128"),
+    ("sample.sweep_refresh", [1, 129], "sample.sweep_refresh: must be <= the largest budget's T (128)"),
     ("asrd.refresh_every", 10_000, "asrd.refresh_every: must be <= the decoding steps"),
     # a GPT-2 whose width its heads do not split
     ("eval.trained.n_heads", 5, "eval.trained.d_model: must be a multiple of n_heads (5"),
@@ -81,7 +81,7 @@ def test_reviewed_ranges(key, value, words):
 def test_the_limits_themselves_are_allowed():
     """K = sample_steps, K = llada_steps and a share of one canvas row are meant: accepted."""
     p = config.from_dict(_raw(**{"posttrain.refresh_every": [2, 48], "asrd.llada_cache_refresh": [2, 256],
-                                 "posttrain.feature_cache_share": 1 / 32, "sample.refresh_every": [64, 128]}))
+                                 "posttrain.feature_cache_share": 1 / 32, "sample.budgets": [{"T": 64, "K": 64}, {"T": 128, "K": 128}]}))
     assert p.posttrain.refresh_every == [2, 48] and p.posttrain.feature_cache_share == 1 / 32
     assert config.from_dict(_raw(**{"posttrain.feature_cache_share": 0})).posttrain.feature_cache_share == 0.0
 

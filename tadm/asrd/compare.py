@@ -127,7 +127,7 @@ class DiffusionGemmaRunner(Batches):
     name = "diffusiongemma"
 
     def __init__(self, p: Params, root: Path, dist: runtime.Dist | None = None):
-        from tadm.posttrain import table1
+        from tadm.experiments import table1
 
         self.dist = dist or runtime.setup(p.runtime)
         # Table 1's loading (base, split, trained fusion, tokenizer) and its prompt encoding /
@@ -289,7 +289,7 @@ def _pts(x: float) -> str:
 
 
 def to_markdown(df) -> str:
-    from tadm.posttrain.table1 import speed_cell
+    from tadm.experiments.table1 import speed_cell
 
     head = ("| Task | Model | Method | Accuracy (%) | Δ vs LLaDA (pts) | Δ vs own base (pts) | Tokens/s | Speed-up "
             "| Model calls / batch | Layer calls / batch | Compute × own base | Checked / seq. | Remasked / seq. |\n"

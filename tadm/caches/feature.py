@@ -16,7 +16,7 @@ residual stream itself is never cached. A step of a canvas is
 
 dLLM-Cache's prompt cache (K_p) has nothing to do here: DiffusionGemma's prompt lives in the
 encoder's KV cache, computed once per canvas and exact. Stock layer calls are counted by
-:class:`tadm.posttrain.table1.DecoderLayerCalls`'s hooks as for every other row; the partial
+:class:`tadm.experiments.table1.DecoderLayerCalls`'s hooks as for every other row; the partial
 work is counted in ``partial_layer_calls`` (sum of n_sel / N over the partial layers).
 
 With K_r = 1 every step takes the stock path, and with share = 1 the partial path recomputes
@@ -218,7 +218,7 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
     @refresh_every.setter
     def refresh_every(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError("posttrain.cache_refresh_every", f"K_r must be an integer >= 1, got {k!r}")
+            raise ConfigError("posttrain.refresh_every", f"K_r (the feature cache's refresh interval) must be an integer >= 1, got {k!r}")
         self._refresh_every = k
 
     @property

@@ -53,13 +53,13 @@ from tadm.config.params import ClaimsConfig, Params, RuntimeConfig
 from tadm.config.posttrain import DiffusionGemmaSize, PosttrainConfig
 from tadm.config.pretrain import ModelConfig, TrainConfig
 from tadm.config.reading import MAX_BYTES, MAX_DEPTH, MAX_NODES, read_yaml
-from tadm.config.sampling import EvalConfig, SampleConfig, TrainedEvaluatorConfig
+from tadm.config.sampling import Budget, EvalConfig, SampleConfig, TrainedEvaluatorConfig
 from tadm.errors import ConfigError  # what every check raises (tadm.errors), as before the split
 
 __all__ = [
     "AsrdConfig", "ClaimsConfig", "ConfigError", "CorpusConfig", "DiffusionGemmaSize", "EvalConfig", "HubSftSource", "MAX_BYTES",
     "DllmCacheConfig", "MAX_DEPTH", "MAX_NODES", "ModelConfig", "PARAMS_FILE", "PARAMS_HEADER", "PROFILES_DIR", "PackingConfig", "Params",
-    "PosttrainConfig", "ROOT", "RuntimeConfig", "SampleConfig", "SftConfig", "TokenizerConfig", "TrainConfig",
+    "PosttrainConfig", "ROOT", "RuntimeConfig", "Budget", "SampleConfig", "SftConfig", "TokenizerConfig", "TrainConfig",
     "TrainedEvaluatorConfig", "as_bool", "available_profiles", "deep_merge", "from_dict", "load", "merged_profile",
     "override", "read_yaml", "render_profile", "spec", "to_dict", "write_profile",
 ]

@@ -277,20 +277,20 @@ class _CROSS_CHECKS:
 
     @staticmethod
     def SampleConfig(c: SampleConfig, p: str, src: str) -> None:
-        if len(c.refresh_every) != len(c.steps):
-            raise ConfigError(f"{p}.refresh_every", f"needs one K per sampling budget in steps ({len(c.steps)}), got {len(c.refresh_every)}", src)
         if c.canvas_length % c.block_size:
             raise ConfigError(f"{p}.canvas_length", f"must be a multiple of block_size ({c.block_size}), got {c.canvas_length}", src)
         if c.t_off >= c.t_on:
             raise ConfigError(f"{p}.t_off", f"must be < t_on ({c.t_on}), got {c.t_off}", src)
-        for i, (K, T) in enumerate(zip(c.refresh_every, c.steps)):
-            if K > T:
-                raise ConfigError(f"{p}.refresh_every[{i}]", f"must be <= its budget steps[{i}] ({T}; a larger K refreshes "
-                                  f"only at the start, as K = {T} does), got {K}", src)
+        for i, b in enumerate(c.budgets):
+            if b.T in c.steps[:i]:
+                raise ConfigError(f"{p}.budgets[{i}].T", f"budget T = {b.T} is listed twice", src)
+            if b.K > b.T:
+                raise ConfigError(f"{p}.budgets[{i}].K", f"must be <= its budget's T ({b.T}; a larger K refreshes "
+                                  f"only at the start, as K = {b.T} does), got {b.K}", src)
         _refuse_first([K for K in c.sweep_refresh if K > max(c.steps)], f"{p}.sweep_refresh",
-                      lambda K: f"must be <= the largest budget of steps ({max(c.steps)}), got {K}", src)
+                      lambda K: f"must be <= the largest budget's T ({max(c.steps)}), got {K}", src)
         _refuse_first([T for T in c.replicate_steps if T not in c.steps], f"{p}.replicate_steps",
-                      lambda T: f"{T} is not a sampling budget of steps ({c.steps})", src)
+                      lambda T: f"{T} is not the T of a budget in budgets ({c.steps})", src)
 
     @staticmethod
     def PosttrainConfig(c: PosttrainConfig, p: str, src: str) -> None:

@@ -9,7 +9,8 @@ anything runs: nothing is truncated (``int(2.7)``), nothing iterated character b
 (``list("abc")``)::
 
     p = notebook.load(params_file, profile)
-    K = notebook.parameter("K", K, "sample.refresh_every", entry=True)   # one entry of that list
+    K = notebook.parameter("K", K, "sample.budgets.K")   # as the K of a budget
+    T = notebook.parameter("T", T, "sample.replicate_steps", entry=True)   # as one entry of that list
     p = notebook.apply(p, {"sample.batch_size": ("batch_size", batch_size)})
 
 A notebook's ``profile`` parameter (None: the params file's) is honoured only as a check: a
@@ -37,11 +38,14 @@ _LIST_RULES = ("nonempty", "length", "unique")  # rules of a list as a whole, no
 
 
 def _field(key: str) -> tuple[Any, dict]:
-    """The annotation and rules of the params key `key` (dotted)."""
+    """The annotation and rules of the params key `key` (dotted; through a list of records,
+    ``sample.budgets.K`` is the K of any one budget)."""
     cls: Any = Params
     *sections, leaf = key.split(".")
     for part in sections:
         cls = typing.get_type_hints(cls)[part]
+        if typing.get_origin(cls) is list:
+            (cls,) = typing.get_args(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if leaf not in fields:
         raise KeyError(f"no params key {key!r}")

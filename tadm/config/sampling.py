@@ -10,11 +10,21 @@ from tadm.registry import SAMPLERS
 
 
 @dataclass
-class SampleConfig:
-    """Unconditional sampling for Table 2 (paper: L = 1024, T in {2048, 4096})."""
+class Budget:
+    """One sampling budget of Table 2: T reverse steps, TADM's anchor refreshed every K of them
+    (Alg. 1). A params file writes it ``{T: 2048, K: 4}``."""
 
-    steps: list[int] = spec([2048, 4096], nonempty=True, unique=True, ge=1)  # T per sampling budget
-    refresh_every: list[int] = spec([4, 4], nonempty=True, ge=1)  # K per budget (Alg. 1)
+    T: int = spec(2048, ge=1)
+    K: int = spec(4, ge=1)
+
+
+@dataclass
+class SampleConfig:
+    """Unconditional sampling for Table 2 (paper: L = 1024, T in {2048, 4096}).
+
+    `budgets` is the one home of (T, K): `steps` lists their T, `refresh_for(T)` looks up K."""
+
+    budgets: list[Budget] = spec([Budget(2048, 4), Budget(4096, 4)], nonempty=True)
     sweep_refresh: list[int] = spec([1, 2, 3, 4, 5, 6, 7, 8], nonempty=True, unique=True, ge=1)
     # budgets at which Table 2's compute column is counted at the paper's depths (compute_column
     # stage; independent of the model size); each needs a K in Table 2's schedule
@@ -47,6 +57,18 @@ class SampleConfig:
     replicate_rows: list[Literal["remdm", "tadm", "tadm_gamma0", "mdlm", "mdlm_fb", "mdlm_dfm", "adlm", "sedd", "ar",
                                  "tadm_nofusion"]] = spec([], unique=True)
     replicate_steps: list[int] = spec([], unique=True, ge=1)
+
+    @property
+    def steps(self) -> list[int]:
+        """T of every budget, in the params file's order."""
+        return [b.T for b in self.budgets]
+
+    def refresh_for(self, T: int) -> int:
+        """K of the budget with T reverse steps (a one-line error naming sample.budgets if none)."""
+        for b in self.budgets:
+            if b.T == T:
+                return b.K
+        raise KeyError(f"sample.budgets: no budget with T = {T} (budgets: {', '.join(f'T={b.T} K={b.K}' for b in self.budgets)})")
 
 
 @dataclass

@@ -4,6 +4,9 @@
     table2      Table 2's rows, the scorer (MAUVE, Gen PPL, entropy), run_row
     staleness   anchor staleness along real reverse trajectories, and its figure
     tables      Markdown / CSV tables and the quality-compute figure from the results
+    table1      Table 1: the post-train rows (base, TADM:Post-train at K, control, training-free
+                caches) on the tasks: accuracy, throughput, compute, FLOP bound
+    frontier    Table 1's accuracy-speed frontier figure
     worker      `python -m tadm.experiments.worker`: the torchrun entry point of runs with
                 runtime.nproc > 1 (Table 2 rows, the sweep, Table 1, the ASRD comparison)
 """

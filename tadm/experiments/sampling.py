@@ -61,7 +61,7 @@ class SampleRun:
     name: str
     model_dir: str
     sampler: str | None = None  # None: the profile's sample.sampler
-    K: int | None = None  # TADM: fixed refresh interval; None: sample.refresh_every of the budget
+    K: int | None = None  # TADM: fixed refresh interval; None: the budget's K (sample.budgets)
     adaptive: float | None = None  # TADM: AdaptiveDrift threshold (changed fraction) instead of K
     ddpm_cache: bool = False
     bypass_fusion: bool = False  # TADM: the fusion ablation, D(h) every step (TADMAdapter)
@@ -71,10 +71,10 @@ class SampleRun:
             return AdaptiveDrift(self.adaptive)
         if self.K is not None:
             return FixedInterval(self.K)
-        budgets = list(params.sample.steps)
-        if steps not in budgets:
-            raise DataError(f"T={steps} is not a budget of sample.steps {budgets}: give K explicitly")
-        return FixedInterval(params.sample.refresh_every[budgets.index(steps)])
+        try:
+            return FixedInterval(params.sample.refresh_for(steps))
+        except KeyError as e:
+            raise DataError(f"{e.args[0]}: give K explicitly") from None
 
 
 def batch_seed(seed: int, index: int) -> int:

@@ -10,7 +10,7 @@ Rows (paper Table 2; the sampler each one uses):
     mdlm_dfm      MDLM + the DFM corrector
     remdm         MDLM's model sampled with ReMDM-loop
     adlm          ADLM, ReMDM-loop
-    tadm_gamma0   TADM-dagger (gamma = 0), ReMDM-loop, anchor refreshed every K (sample.refresh_every)
+    tadm_gamma0   TADM-dagger (gamma = 0), ReMDM-loop, anchor refreshed every K (sample.budgets)
     tadm          TADM-double-dagger (gamma = train.gamma), the same
     tadm_nofusion TADM-double-dagger's model with the fusion bypassed: the same anchor
                   cache and K, but the denoiser reads the cached anchor as is, D(h), never the
@@ -206,7 +206,7 @@ def run_sweep(row: str, params: Params, scorer: Scorer, *, T: int | None = None,
               adaptive_thresholds: list[float] | tuple = (), models_dir: str | Path = "models",
               samples_dir: str | Path = "samples/sweep", results_dir: str | Path = "results/sweep",
               reuse_dir: str | Path | None = None) -> list[dict]:
-    """The refresh sweep: `row` at budget T (None: the first of sample.steps) with the anchor
+    """The refresh sweep: `row` at budget T (None: the first of sample.budgets) with the anchor
     refreshed every K of `K_values` (None: sample.sweep_refresh) and with the adaptive policy at
     each threshold, each sampled and scored like a Table 2 row into
     `<results_dir>/<K<k>|adaptive<a>>.json` (samples under `<samples_dir>/<same name>/`). A

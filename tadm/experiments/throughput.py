@@ -9,13 +9,12 @@ against each other instead.
 What is timed. Every row of `ROWS` that samples (``model`` not None: not Data), with the sampler,
 model directory (``models/<row.model>``), refresh policy, fusion setting, device, autocast and
 weight cast of its row stage (`tadm.experiments.sampling`: `prepare_model`, `sampler_settings`,
-`SampleRun.refresh_for`, `make_adapter`), at every budget T of ``sample.steps`` with that budget's
-K (``sample.refresh_every``), on a batch of ``sample.throughput_batch`` sequences (0: the row
+`SampleRun.refresh_for`, `make_adapter`), at every budget (T, K) of ``sample.budgets``, on a batch of ``sample.throughput_batch`` sequences (0: the row
 stages' ``sample.batch_size``, 64 in the default profile) seeded like the row stage's first batch
 (batch seed 0 = ``seed``). A whole draw per row, budget and round would cost minutes per round at
 that batch, so a round times a *window* of every diffusion row's trajectory instead:
 
-- the window is W = lcm(sample.refresh_every) reverse steps (8 in the default and paper profiles),
+- the window is W = lcm of the budgets' K reverse steps (8 in the default and paper profiles),
   whole refresh cycles of every budget's K, from the common step s = W (`start_step`; 0 when
   T < 2W), so every row is timed over the same steps W..2W-1 of its own trajectory and TADM's
   rows make their anchor refresh exactly once per K steps inside it, at the steps where the whole
@@ -184,7 +183,7 @@ def start_step(T: int, window: int) -> int:
     fit in T steps."""
     if window > T:
         raise DataError(f"throughput: budget T={T} is shorter than the timed window of {window} steps "
-                        "(lcm of sample.refresh_every)")
+                        "(lcm of the budgets' K)")
     return window if T >= 2 * window else 0
 
 
@@ -427,7 +426,7 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
         raise DataError(f"throughput: {', '.join(map(repr, unknown))} is not a Table 2 row that samples "
                         f"(those are {', '.join(timed_rows())})")
     budgets = [int(T) for T in cfg.steps]
-    W = window_steps(cfg.refresh_every)
+    W = window_steps([b.K for b in cfg.budgets])
     starts = {T: start_step(T, W) for T in budgets}
     d = dist or runtime.setup(params.runtime)
     if d.world != 1:
@@ -452,7 +451,7 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
             models[spec.model_dir] = sampling.prepare_model(
                 sampling.load_pretrained(spec.model_dir, map_location=d.device), params, d)
     setup = time.perf_counter() - t0
-    refresh = dict(zip(budgets, cfg.refresh_every))
+    refresh = {T: cfg.refresh_for(T) for T in budgets}
     sections = [(batch, cfg.throughput_rounds)] + ([(1, cfg.throughput_batch1_rounds)] if cfg.throughput_batch1_rounds
                                                    else [])
     timed = {}

@@ -10,6 +10,6 @@
   block diffusion (default profile) and the fusion's on-policy CE + KD training, its replicates
   (posttrain.replicates: seeds seed + 1, ... under replicates/) and its held-out validation curve.
 - :mod:`~tadm.posttrain.model`, :mod:`~tadm.posttrain.data` -- loading / saving, SFT canvases.
-- :mod:`~tadm.posttrain.table1` -- Table 1: accuracy (its ± over fusion runs for the trained
-  rows), throughput, compute, FLOP bound.
+
+Table 1, the experiment that compares these rows, is :mod:`tadm.experiments.table1`.
 """

@@ -2,7 +2,7 @@
 
     result = sample_ar(model, num_samples=N, seq_len=L, bos_id=BOS, nucleus_p=0.9)
 
-Position 0 is `bos_id` (the data wraps every piece as BOS ... EOS, REFERENCE §2); for
+Position 0 is `bos_id` (the data wraps every piece as BOS ... EOS, as MDLM's data pipeline does); for
 i = 1, ..., L-1
 
     p_i = top-p( softmax(AR(x_{<i})[:, -1]) )   in `precision` (float64 by default),

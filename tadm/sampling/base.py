@@ -3,7 +3,7 @@
     result = sample(adapter, SamplerSettings(sampler="remdm-loop", steps=T, nucleus_p=0.9),
                     num_samples=N, seq_len=L)
 
-One reverse trajectory per batch (MDLM / ReMDM conventions, REFERENCE.md §2):
+One reverse trajectory per batch (the conventions of MDLM's and ReMDM's released samplers):
 
 1. z_1 = all masks (B, L). The canvas is split into blocks of `block_size` generated left to
    right (semi-autoregressive; block_size = L or None: a single block). The T steps are divided
@@ -21,7 +21,7 @@ One reverse trajectory per batch (MDLM / ReMDM conventions, REFERENCE.md §2):
    depends on x_theta, so each step first draws u ~ U[0, 1) per position (in `precision`) and
    settles which positions decode (u < unmask) and which re-mask (u < remask); only then is
    x_theta needed, and only at the decoding positions.
-3. x_theta at those rows = SUBS(logits) (the mask logit -inf; REFERENCE §2) in `precision`,
+3. x_theta at those rows = SUBS(logits) (the mask logit -inf, MDLM's SUBS parameterisation) in `precision`,
    nucleus (top-p) filtered, and one categorical draw per row in `precision` (float64 by
    default, as ReMDM: fp32 noise shifts Gen PPL), by the inverse CDF on the sorted cumulative
    mass the nucleus rule computes anyway (`draw_nucleus`; on a CPU the same draw, bit for bit,
@@ -104,7 +104,7 @@ AUTOCAST = ("fp32", "bf16")  # the network's autocast (`tadm.runtime.autocast`: 
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    """Everything that defines a sampling run (REFERENCE §2 defaults for the ReMDM knobs)."""
+    """Everything that defines a sampling run (the ReMDM knobs default to ReMDM's OpenWebText settings)."""
 
     sampler: str = "mdlm"
     steps: int = 1000  # T, over the whole canvas (divided evenly over semi-AR blocks)

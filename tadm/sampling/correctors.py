@@ -1,5 +1,5 @@
 """Predictor-corrector samplers for MDLM, as ReMDM's code releases them: forward-backward (FB)
-and DFM (REFERENCE §2, "Also in ReMDM's code").
+and DFM.
 
 Source: kuleshov-group/remdm, `diffusion.py` -- `_ddpm_caching_update` with
 `sampling.sampler=forward-backward` (scripts/fb.sh) and `_dfm_caching_update` with

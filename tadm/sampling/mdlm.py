@@ -1,4 +1,4 @@
-"""MDLM's ancestral sampler (Sahoo et al., 2024; REFERENCE §2).
+"""MDLM's ancestral sampler (Sahoo et al., 2024).
 
 With s < t and x_theta = x_theta(z_t) (SUBS: no mass on m), per position:
 

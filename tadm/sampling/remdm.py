@@ -1,4 +1,4 @@
-"""ReMDM remasking samplers (Wang et al., 2025; REFERENCE §2).
+"""ReMDM remasking samplers (Wang et al., 2025).
 
 Reverse posterior with remasking probability sigma_t (s < t, x_theta = x_theta(z_t)):
 

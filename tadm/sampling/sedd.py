@@ -1,4 +1,4 @@
-"""SEDD's "analytic" sampler for the absorbing process (Lou et al., 2024; REFERENCE §2).
+"""SEDD's "analytic" sampler for the absorbing process (Lou et al., 2024).
 
 The network's output gives log scores l = `sedd_log_scores(logits)` (mask column dropped), and
 the concrete score at a masked position is s_y = e^{l_y} r_t with r_t = alpha_t / (1 - alpha_t)

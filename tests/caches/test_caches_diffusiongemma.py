@@ -23,7 +23,7 @@ from tadm.errors import ConfigError
 from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma, sampling_kwargs
 from tadm.posttrain.backbone import SplitDiffusionGemma
 from tadm.posttrain.fusion import PairedAttentionFusion
-from tadm.posttrain.table1 import DecoderLayerCalls
+from tadm.experiments.table1 import DecoderLayerCalls
 
 SPLIT = (1, 3, 2)  # L = 6 layers: 5 sliding, the last full attention
 L = sum(SPLIT)
@@ -271,7 +271,7 @@ def test_prefix_kv_cache_is_built_into_the_base(tiny_base):
 
 @pytest.mark.parametrize("key, kwargs", [("posttrain.feature_cache_share", {"share": 0.0}),
                                          ("posttrain.feature_cache_share", {"share": 1.5}),
-                                         ("posttrain.cache_refresh_every", {"k": 0})])
+                                         ("posttrain.refresh_every", {"k": 0})])
 def test_parameters_are_validated(tiny_base, key, kwargs):
     with pytest.raises(ConfigError, match=key) as e:
         feature(tiny_base, **{"k": 2, **kwargs})

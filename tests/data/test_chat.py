@@ -70,7 +70,7 @@ def test_a_tokenizer_template_is_rendered_with_thinking_disabled():
 
 def test_sft_contexts_and_benchmark_prompts_are_the_same_tokens(project):
     """The SFT canvas's prompt and Table 1's prompt for the same question are identical ids."""
-    from tadm.posttrain.table1 import Runner
+    from tadm.experiments.table1 import Runner
 
     p = from_dict(render_profile("default"))
     question = "Start with 5. Add 6. What is the result?"

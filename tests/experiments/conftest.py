@@ -64,7 +64,7 @@ def table2_workspace(micro_packed, evaluator_dir, tmp_path_factory) -> Path:
 def table2_raw(workspace: Path, evaluator_dir: Path, **overrides) -> dict:
     return micro_raw(**{"runtime.device": "cpu", "eval.featurizer": str(evaluator_dir),
                         "eval.evaluator": str(evaluator_dir), "eval.cache_dir": str(workspace / "cache"),
-                        "eval.reference_samples": 6, "sample.num_samples": 6, "sample.steps": [8, 16], **overrides})
+                        "eval.reference_samples": 6, "sample.num_samples": 6, "sample.budgets": [{"T": 8, "K": 4}, {"T": 16, "K": 4}], **overrides})
 
 
 @pytest.fixture(scope="session")

@@ -54,7 +54,7 @@ def _same(a: dict, b: dict, keys: tuple[str, ...]) -> None:
 
 
 def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path):
-    from tadm.posttrain import table1
+    from tadm.experiments import table1
 
     results = {}
     for nproc in (1, 2):

@@ -96,7 +96,7 @@ def test_a_saved_draw_is_reused_only_when_it_is_exactly_this_run(table2_workspac
     scorer = table2.Scorer(params, tok, micro_packed, dist=runtime.Dist())
     first = table2.run_row("tadm", params, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "t2",
                            steps=[8])
-    K = params.sample.refresh_every[params.sample.steps.index(8)]
+    K = params.sample.refresh_for(8)
     drawn = []
     monkeypatch.setattr(table2, "draw_samples", lambda *a, **k: drawn.append(k) or draw_samples(*a, **k))
     again = table2.run_row("tadm", params, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "sweep",

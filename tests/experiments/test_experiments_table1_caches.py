@@ -10,7 +10,7 @@ from tests.experiments.conftest import posttrain_raw
 
 
 def test_cache_rows_run_at_every_k_of_two_or_more_with_their_closed_form_layer_calls(posttrain_workspace, tmp_path):
-    from tadm.posttrain import table1
+    from tadm.experiments import table1
 
     p = config.from_dict(posttrain_raw())
     pt = p.posttrain
@@ -39,7 +39,7 @@ def test_cache_rows_run_at_every_k_of_two_or_more_with_their_closed_form_layer_c
 
 
 def test_no_cache_rows_when_none_are_asked_for(posttrain_workspace, tmp_path):
-    from tadm.posttrain import table1
+    from tadm.experiments import table1
 
     p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": [], "posttrain.refresh_every": [2]}))
     methods, _ = table1.build_methods(p, posttrain_workspace, control=False)

@@ -29,8 +29,8 @@ def tadm_dir(tmp_path_factory) -> Path:
 
 def _params(**overrides):
     return config.from_dict(micro_raw(**{"runtime.device": "cpu", "sample.num_samples": 3, "sample.batch_size": 2,
-                                         "sample.canvas_length": L, "sample.steps": [8, 16],
-                                         "sample.refresh_every": [4, 2], **overrides}))
+                                         "sample.canvas_length": L,
+                                         "sample.budgets": [{"T": 8, "K": 4}, {"T": 16, "K": 2}], **overrides}))
 
 
 def test_the_bypass_is_D_of_h_by_hand_ignores_z_t_and_touches_no_weight():
@@ -86,7 +86,7 @@ def test_table2_row_samples_models_tadm_with_the_fusion_bypassed_at_table2_s_K(t
     base = SampleRun("tadm", str(tadm_dir), "remdm-loop")
     off = SampleRun("tadm_nofusion", str(tadm_dir), "remdm-loop", bypass_fusion=False)
     on = SampleRun("tadm_nofusion", str(tadm_dir), "remdm-loop", bypass_fusion=True)
-    for T in (8, 16):  # Table 2's budgets with their K (sample.refresh_every)
+    for T in (8, 16):  # Table 2's budgets with their K (sample.budgets)
         assert repr(on.refresh_for(params, T)) == repr(base.refresh_for(params, T))
     tokens, record = draw_samples(on, params, 8, bos_id=0)
     ref, ref_record = draw_samples(base, params, 8, bos_id=0)

@@ -45,7 +45,7 @@ def timed(table2_workspace, evaluator_dir, micro_packed, tmp_path_factory):
     random_model("adlm", counts["vocab_size"], counts["seq_len"], seed=3).save_pretrained(models / "adlm")
     raw = table2_raw(table2_workspace, evaluator_dir, **{
         "sample.throughput_rounds": R, "sample.throughput_batch": 0, "sample.throughput_batch1_rounds": R1,
-        "sample.batch_size": 2, "sample.refresh_every": REFRESH})
+        "sample.batch_size": 2, "sample.budgets": [{"T": T, "K": K} for T, K in zip((8, 16), REFRESH)]})
     params = write_params(root / "params.yaml", raw)
     p = config.load(params)
     # ROWS' other rows (sedd, tadm_gamma0, mdlm_dfm, remdm) have no model here

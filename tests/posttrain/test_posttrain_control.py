@@ -16,7 +16,7 @@ from tests.posttrain.test_posttrain_train import batch, params, step
 
 from tadm.errors import ConfigError, DataError
 from tadm.posttrain import model as dgm
-from tadm.posttrain import table1
+from tadm.experiments import table1
 from tadm.posttrain.objective import Rollout, posttrain_loss
 
 

@@ -24,7 +24,7 @@ from tests.posttrain.test_posttrain_control import _row, stats
 from tadm import config
 from tadm.errors import ConfigError, DataError
 from tadm.posttrain import model as dgm
-from tadm.posttrain import table1
+from tadm.experiments import table1
 from tadm.posttrain import train as pt_train
 from tadm.train import checkpoint as ck
 

@@ -8,7 +8,7 @@ import pytest
 
 from tadm import config
 from tadm.errors import DataError
-from tadm.posttrain import table1
+from tadm.experiments import table1
 from tests.conftest import micro_raw
 
 

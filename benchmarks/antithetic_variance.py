@@ -73,7 +73,7 @@ def shared_shift_times(u0: torch.Tensor, batch: int, eps: float) -> torch.Tensor
 def per_stratum_times(v: torch.Tensor, eps: float) -> torch.Tensor:
     """MDLM's released antithetic sampler given its B uniforms v: (v / B + i / B) mod 1, one
     time in each stratum [i/B, (i+1)/B), each jittered independently. Not used by any training
-    run of this artifact (see the README's Deviations table)."""
+    run of this artifact (see docs/deviations.md)."""
     n = v.shape[0]
     return _to_times(torch.remainder(v / n + torch.arange(n, dtype=v.dtype) / n, 1.0), eps)
 

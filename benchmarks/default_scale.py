@@ -5,7 +5,7 @@ Each setting trains one model with the project's own stages (``python -m tadm to
 pack / train``) in a scratch directory, from `profiles/default.yaml` with the setting's
 overrides, and reports its validation NELBO curve against the unigram entropy of the
 validation tokens (the line a model that ignores context cannot cross). The settings are the
-ones the README's "Default profile" section tabulates:
+ones docs/default-profile.md tabulates:
 
     python benchmarks/default_scale.py --list
     python benchmarks/default_scale.py v300 v512           # a few (each takes minutes)

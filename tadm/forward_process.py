@@ -61,7 +61,7 @@ def sample_times(
     at train.micro_batch the per-batch loss's variance under this form is 0.96 +- 0.03 times the
     release's (95 % interval 0.91-1.02; `benchmarks/antithetic_variance.py`, results in
     `benchmarks/results/antithetic_variance.md`), so it is kept: changing it would move every
-    trained model of the default pipeline (README, Deviations).
+    trained model of the default pipeline (docs/deviations.md).
     """
     if antithetic:
         u0 = torch.rand(1, generator=generator, device=device, dtype=dtype)

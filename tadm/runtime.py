@@ -386,7 +386,7 @@ def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print
     seconds by name.
 
     Why: at the default profile's sizes one training step uses two cores poorly (1.45x over one),
-    while two runs side by side finish 1.30x sooner (README, "Two training jobs side by side";
+    while two runs side by side finish 1.30x sooner (docs/default-profile.md, "Two training jobs side by side";
     benchmarks/results/threads.md). A failed command stops new starts; the running ones finish
     (their checkpoints stay), then a TadmError names every failure. Interrupted (Ctrl-C), the
     children get SIGINT too and are waited for."""

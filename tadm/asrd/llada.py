@@ -1,4 +1,4 @@
-"""ASRD on LLaDA, the seed paper's own model family: GSM8K and HumanEval (paper profile).
+"""ASRD on LLaDA, the ASRD paper's own model family: GSM8K and HumanEval (paper profile).
 
 `LladaRunner` has the interface of the comparison's runners (`tadm.asrd.compare`: ``name``,
 ``backend(refresh_every)``, ``run(backend, task, settings, tally)``), so every decoding method

@@ -63,7 +63,7 @@ class AsrdConfig:
     warmup_steps: int = spec(100, ge=0)
     checkpoint_every: int = spec(500, ge=1)
     log_every: int = spec(50, ge=1)
-    # LLaDA (the seed paper's model family, tadm.models.llada; tadm.asrd.llada): a hub id or a
+    # LLaDA (the ASRD paper's model family, tadm.models.llada; tadm.asrd.llada): a hub id or a
     # local directory of LLaDA's released config.json + safetensors + tokenizer; "" = not run
     llada_model: str = ""
     llada_tasks: list[Literal["gsm8k", "humaneval"]] = spec(["gsm8k", "humaneval"], nonempty=True, unique=True)

@@ -23,7 +23,7 @@ size d = 2816 and r = 256 that is 3,613,185 (3.61M); the paper quotes "approxima
 (App. C.1) without the formula. ~3.1M is about 4.3 d r at that size: four d x r blocks plus
 three r x r maps in the low-rank space and the norms (4 d r + 3 r^2 + 3 d = 3,088,640) would
 give it -- e.g. keys that read one d-dimensional state instead of the pair [C0; H0]; ours keeps
-the fifth d x r block so that a key sees both cached states (README: deviations).
+the fifth d x r block so that a key sees both cached states (docs/deviations.md).
 
 Table 1's fresh-anchor control (``values="state"``): the same module with v = W_v c_t, used
 with a freshly computed anchor (c_t = C0, H0 = A(c_t)) at every step. Its correction does not

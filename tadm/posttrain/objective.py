@@ -51,7 +51,7 @@ def antithetic_times(n: int, gen: torch.Generator, device=None, eps: float = 1e-
     release (``diffusion.py: _sample_t``) jitters each stratum independently. The variance
     difference is measured on the MDLM pretraining loss (`benchmarks/antithetic_variance.py`:
     0.96 +- 0.03 times the release's), not on this objective; kept so that the post-trained
-    fusion is unchanged (README, Deviations)."""
+    fusion is unchanged (docs/deviations.md)."""
     u = torch.rand((), generator=gen, device=gen.device)
     device = gen.device if device is None else device
     t = (torch.arange(n, device=device) + u.to(device)) / n

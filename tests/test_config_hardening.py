@@ -1,4 +1,4 @@
-"""Missing or odd params (issue 16, item 4): every key must be set; duplicate keys, non-UTF-8
+"""Missing or odd params: every key must be set; duplicate keys, non-UTF-8
 bytes, deep nesting, alias bombs and a non-mapping top level are one-line errors; `check`
 refuses a model the machine cannot hold, with the estimate in the message."""
 

@@ -1,4 +1,4 @@
-"""Notebook parameters are checked like params.yaml keys (issue 43, item 5): papermill's guesses
+"""Notebook parameters are checked like params.yaml keys: papermill's guesses
 (`-p K 2.7` a float, `-p K True` a bool, `-p seeds 5` an int, `-p seeds abc` a string) are refused
 with the one-line errors of params.yaml instead of truncated, iterated or passed on; a cell's
 one-line error is the notebook's error output and the pipeline's papermill prints it and exits 2;

@@ -1,4 +1,4 @@
-"""Params that cannot be meant are refused by `check` and at load (issue 43, item 6): a list
+"""Params that cannot be meant are refused by `check` and at load: a list
 repeating a value, a refresh interval beyond the steps it divides, a feature-cache share that
 recomputes no row, a margin beyond a 0-1 metric. The committed profiles still validate."""
 

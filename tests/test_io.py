@@ -1,5 +1,5 @@
 """Atomic writes into an output directory that cannot be made or written end in one line naming
-it (issue 43, item 8: `python -m tadm pack --out` somewhere unwritable gave a raw traceback)."""
+it (`python -m tadm pack --out` somewhere unwritable included)."""
 
 import os
 

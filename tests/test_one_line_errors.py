@@ -1,4 +1,4 @@
-"""Bad files from outside end in one line naming the file (issue 33, items 9 and 10), not in a
+"""Bad files from outside end in one line naming the file, not in a
 RecursionError, KeyError, TypeError or a RuntimeError from ``load_state_dict``; weights whose
 dtype is not the model's are refused before they load."""
 

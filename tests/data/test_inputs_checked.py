@@ -1,4 +1,4 @@
-"""Inputs are checked before use (issue 16, item 2): JSON lines line by line, packed shards and
+"""Inputs are checked before use: JSON lines line by line, packed shards and
 SFT arrays against the manifest of the stage that wrote them. Each bad input is refused in
 one line naming the file (and line), through the real loader and through the CLI."""
 
@@ -298,7 +298,7 @@ def sft_jsonl_edited(d: Path) -> str:
 
 def _sft_field(d: Path, kind: str, field: str, value, row: int = 0) -> None:
     """Set one field of one row of a structured SFT array, the manifest's hash kept consistent
-    (the attack of issue 33, item 8: the arrays agree with the manifest and index outside)."""
+    (an attack: the arrays agree with the manifest and index outside)."""
     a = np.load(d / f"train_{kind}.npy")
     a[field][row] = value
     np.save(d / f"train_{kind}.npy", a)

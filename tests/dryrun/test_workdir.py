@@ -1,5 +1,5 @@
 """`python -m tadm.dryrun --workdir` that is a file or cannot be created ends in one line naming
-the parameter and a non-zero exit, not a traceback (issue 43, item 8)."""
+the parameter and a non-zero exit, not a traceback."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""The fusion's own ablation (issue 31): TADM with the fusion bypassed, D(h) -- the (stale) anchor
+"""The fusion's own ablation: TADM with the fusion bypassed, D(h) -- the (stale) anchor
 read as is by the same denoiser, refreshed by the same policy -- and Table 2's tadm_nofusion row."""
 
 from __future__ import annotations

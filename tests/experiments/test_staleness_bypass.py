@@ -1,4 +1,4 @@
-"""Anchor staleness with the fusion's own ablation (issue 31): the bypass prediction D(h_stale),
+"""Anchor staleness with the fusion's own ablation: the bypass prediction D(h_stale),
 the recovery against it, and uncertainties from a bootstrap over the SEQUENCES of the recorded
 trajectory (its steps are autocorrelated), not over the steps."""
 

@@ -1,4 +1,4 @@
-"""Table 1 before the train stage (issue 43, item 7): the local base missing is the one-line
+"""Table 1 before the train stage: the local base missing is the one-line
 "no DiffusionGemma checkpoint here" error, not a hub lookup of "models/dg_base" (Path('.') /
 'models/dg_base' drops the "./" by which the loader tells a local directory from a hub id)."""
 

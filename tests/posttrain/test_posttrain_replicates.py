@@ -1,4 +1,4 @@
-"""Post-train replicates (issue 42, item 2): the fusion and the control train again with seeds
+"""Post-train replicates: the fusion and the control train again with seeds
 posttrain.seed + 1, ... under replicates/, each with its validation curve; Table 1 evaluates every
 fusion run on the same frozen base and its ± and Δ se of a trained row cover the fusion's
 training run (tadm.metrics.replicates), and says how often TADM writes the fusion-bypassed row's

@@ -2,7 +2,7 @@
 
 Every hostile case is followed by a benign run in the same test process, which must pass and
 print what it should. Tests of the OS layer alone (namespaces, uid, rlimits, process group) run
-programs without the prelude through the private ``_run_program``. The escapes of issue 16 --
+programs without the prelude through the private ``_run_program``. The prelude's known escapes --
 each of which defeated the prelude alone -- are kept as regression tests: they still run, and the
 OS boundary must contain them. Where the machine cannot create the namespaces at all, tests that
 reach the sandbox's refusal are skipped (tests/tasks/conftest.py); the refusal itself and the
@@ -433,7 +433,7 @@ def test_invalid_limits_are_refused():
         run_python("pass", memory_mb=0)
 
 
-# --- issue 16: escapes of the prelude, contained by the OS boundary --------------------------
+# --- escapes of the prelude, contained by the OS boundary ---------------------------------------
 # Each of these got past the prelude alone (as root on the host: `id` printed uid 0, files
 # appeared outside, /proc/<evaluator>/environ was readable). They still run -- the prelude is
 # not the boundary -- and must now reach nothing outside the sandbox.
@@ -578,7 +578,7 @@ def test_host_files_and_the_evaluators_directories_are_not_visible():
     assert_still_works()
 
 
-# --- nothing outlives the run, nothing fills the host's disk, no new namespaces (issue 33) -----
+# --- nothing outlives the run, nothing fills the host's disk, no new namespaces -----------------
 
 
 def _sandbox_processes(token: str) -> list[int]:
@@ -752,7 +752,7 @@ def test_seccomp_filter_decides_as_documented(machine):
         sc.program("mips")
 
 
-# --- round 3: early exits, memory outside the address space, sockets, watches, leftovers ------
+# --- early exits, memory outside the address space, sockets, watches, leftovers ---------------
 
 EARLY_EXITS = {
     "sys.exit(0)": "import sys\nsys.exit(0)\nprint('unreached')\n",

@@ -1,5 +1,5 @@
 """Where a training run writes: a full disk at a checkpoint and an unwritable output place are
-one line, never a traceback after the work (issue 43, item 8)."""
+one line, never a traceback after the work."""
 
 import errno
 

@@ -1,7 +1,7 @@
-"""Guards of a training run (issue 33). A diverged run stops (item 4): a non-finite loss or
+"""Guards of a training run. A diverged run stops: a non-finite loss or
 gradient norm ends training in one line naming the step and the value, with a non-zero exit,
 keeping the last good checkpoint; a checkpoint is never written with, nor resumed from,
-non-finite weights. A model that cannot fit is refused before anything is allocated (item 5)."""
+non-finite weights. A model that cannot fit is refused before anything is allocated."""
 
 import os
 import subprocess
@@ -122,7 +122,7 @@ def test_the_post_training_loop_stops_on_a_nan_loss_too(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000002"]
 
 
-# --- the memory estimate at every entry point that builds a model (issue 33, item 5) ----------
+# --- the memory estimate at every entry point that builds a model ---------------------------
 
 
 def test_train_refuses_a_model_that_cannot_fit_before_allocating(micro_packed, tmp_path):
@@ -152,7 +152,7 @@ def test_the_post_training_base_and_the_judge_refuse_too(micro_packed, tmp_path,
         te._train(p, micro_packed, micro_packed.parent / "tokenizer", False, lambda *_: None, d)
 
 
-# --- what a save killed mid-write leaves behind (issue 33, item 11) ----------------------------
+# --- what a save killed mid-write leaves behind ---------------------------------------------
 
 
 def test_resume_clears_the_temporaries_of_a_killed_save(tmp_path):

@@ -159,18 +159,18 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
     budgets = list(steps or params.sample.steps)
     out_dir = Path(samples_dir) / name
     result: dict[str, Any] = {"row": name, "label": row.label, "budgets": {}}
-    shared = None  # (tokens, record, metrics, ppl) of a row whose samples do not depend on T
+    shared = None  # (tokens, record, metrics, ppl, features) of a row whose samples do not depend on T
     for T in budgets:
         if row.model is None:
             if shared is None:
                 tokens = scorer.data_tokens()
                 shared = (tokens, None, *scorer.score_samples(tokens))
-            tokens, _, metrics, ppl = shared
+            tokens, _, metrics, ppl, features = shared
             record = data_record(T, params.eval.reference_samples, len(tokens))
             if d.main:
                 save_data_samples(tokens, out_dir, T, start=params.eval.reference_samples)
         elif shared is not None:  # AR: the samples of the first budget serve this one too
-            tokens, first, metrics, ppl = shared
+            tokens, first, metrics, ppl, features = shared
             record = shared_record(first, T)
             if d.main:
                 save_samples(tokens, record, out_dir, T)
@@ -181,12 +181,12 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
             tokens, record = reused or draw_samples(spec, params, T, bos_id=bos_id, dist=d)
             if d.main:
                 save_samples(tokens, record, out_dir, T)
-            metrics, ppl = scorer.score_samples(tokens)
+            metrics, ppl, features = scorer.score_samples(tokens)
             if record["model_type"] == "ar":
-                shared = (tokens, record, metrics, ppl)
+                shared = (tokens, record, metrics, ppl, features)
         if d.main:
             save_gen_ppl(ppl, out_dir, T)
-            save_features(scorer.last_features, scorer.reference_features, out_dir, T)
+            save_features(features, scorer.reference_features, out_dir, T)
         counters = record.get("counters", {})
         result["budgets"][str(T)] = {
             **metrics, "T": T, "sampler": record["sampler"], "policy": record.get("policy"),

@@ -81,7 +81,6 @@ class Scorer:
         self.pooling = "mean" if e.featurizer == SMOLLM2 else "last"
         self._evaluator = self._featurizer = self._reference = self._reference_features = None
         self.reference_source: str | None = None  # "computed" or "cache", once the reference features are read
-        self.last_features: np.ndarray | None = None
 
     # ------------------------------------------------------------------ where and in what precision
 
@@ -232,9 +231,10 @@ class Scorer:
         return validation_tokens(self.packed_dir, self.params.eval.reference_samples, self.params.sample.num_samples)
 
     def score_samples(self, tokens: np.ndarray):
-        """(metrics, GenPPL) of generated token ids (N, L): MAUVE vs the reference, Gen PPL and
-        mean entropy, each with its bootstrap uncertainty ``<metric>_se`` over eval.bootstrap
-        resamples (`tadm.metrics.bootstrap`; absent when 0), and the per-sample Gen PPL values.
+        """(metrics, GenPPL, features) of generated token ids (N, L): MAUVE vs the reference, Gen
+        PPL and mean entropy, each with its bootstrap uncertainty ``<metric>_se`` over
+        eval.bootstrap resamples (`tadm.metrics.bootstrap`; absent when 0), the per-sample Gen PPL
+        values, and the samples' MAUVE features (N, D) (saved beside them for paired bootstraps).
         MAUVE's clustering runs on every process on the same gathered features (deterministic,
         one thread), so every process returns it."""
         from tadm.metrics import bootstrap, mauve_score_features
@@ -251,8 +251,7 @@ class Scorer:
             metrics |= {"mauve_se": bootstrap.mauve_se(reference, features, B),
                         "gen_ppl_se": bootstrap.gen_ppl_se(ppl.nll, ppl.tokens, B),
                         "entropy_se": bootstrap.mean_se(entropy, B), "bootstrap": B}
-        self.last_features = features  # the samples' MAUVE features (run_row saves them for paired bootstraps)
-        return metrics, ppl
+        return metrics, ppl, features
 
     def score(self, tokens: np.ndarray) -> dict[str, float]:
         """MAUVE vs the reference, Gen PPL and mean entropy of generated token ids (N, L)."""

@@ -1,0 +1,50 @@
+"""docs/extending.md's worked examples, run as the page shows them: each section's fenced python
+blocks in order, in one namespace, then the effect the page describes is checked."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tadm.config import ROOT
+from tadm.registry import SAMPLERS
+from tests.sampling.conftest import random_model
+
+PAGE = ROOT / "docs" / "extending.md"
+
+
+def section_code(title: str) -> str:
+    """The python blocks of the section headed `## title`, joined."""
+    text = PAGE.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    body = text[start:end if end != -1 else len(text)]
+    blocks = re.findall(r"```python\n(.*?)```", body, flags=re.S)
+    assert blocks, f"docs/extending.md: section {title!r} has no python block"
+    return "\n".join(blocks)
+
+
+def test_sections_have_their_examples():
+    titles = re.findall(r"^## (.+)$", PAGE.read_text(), flags=re.M)
+    assert titles[:2] == ["A sampler", "A sampling budget"]
+
+
+@pytest.fixture
+def unregister_eager():
+    yield
+    if "mdlm-eager" in SAMPLERS._units:
+        SAMPLERS.unregister("mdlm-eager")
+
+
+def test_a_sampler(unregister_eager):
+    namespace = {"model": random_model("mdlm", seq_len=16)}
+    exec(compile(section_code("A sampler"), str(PAGE), "exec"), namespace)
+    assert SAMPLERS["mdlm-eager"] is namespace["EagerMDLMSampler"]
+    assert namespace["result"].tokens.shape == (2, 16)
+
+
+def test_a_sampling_budget():
+    namespace: dict = {}
+    exec(compile(section_code("A sampling budget"), str(PAGE), "exec"), namespace)
+    assert namespace["params"].sample.refresh_for(128) == 4

@@ -290,7 +290,7 @@ class _CROSS_CHECKS:
         _refuse_first([K for K in c.sweep_refresh if K > max(c.steps)], f"{p}.sweep_refresh",
                       lambda K: f"must be <= the largest budget's T ({max(c.steps)}), got {K}", src)
         _refuse_first([T for T in c.replicate_steps if T not in c.steps], f"{p}.replicate_steps",
-                      lambda T: f"{T} is not the T of a budget in budgets ({c.steps})", src)
+                      lambda T: f"{T} is not a sampling budget (the T of budgets: {c.steps})", src)
 
     @staticmethod
     def PosttrainConfig(c: PosttrainConfig, p: str, src: str) -> None:

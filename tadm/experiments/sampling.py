@@ -48,7 +48,10 @@ from tadm import runtime
 from tadm.config import Params
 from tadm.errors import DataError
 from tadm.io import atomic_path, atomic_write_json, sha256_tree
+from tadm.metrics.bootstrap import resamples, spread
 from tadm.models import load_pretrained
+from tadm.models.dit import ConditionEmbedder, DiTBlock
+from tadm.models.fusion import Fusion
 from tadm.sampling import (AdaptiveDrift, ComputeCounter, FixedInterval, RefreshPolicy, SamplerSettings, make_adapter,
                            sample, sample_ar)
 from tadm.sampling.ar import ARSettings
@@ -97,8 +100,6 @@ def graphed_pieces(model) -> list:
     runtime.cuda_graphs replays): every DiT block, TADM's fusion, the conditioning embedders,
     and ADLM's anchor head and input map (both on the whole canvas); not the LM heads that
     project only the decoding rows (their row count changes from step to step)."""
-    from tadm.models.dit import ConditionEmbedder, DiTBlock
-    from tadm.models.fusion import Fusion
 
     pieces = [m for m in model.modules() if isinstance(m, (DiTBlock, Fusion, ConditionEmbedder))]
     if model.model_type == "adlm":
@@ -146,7 +147,6 @@ def _rate_se(tokens: list[int], seconds: list[float], B: int = 200) -> float | N
     """Bootstrap spread (over batches) of total tokens / total seconds; None with < 2 batches."""
     if len(tokens) < 2 or min(seconds) <= 0:
         return None
-    from tadm.metrics.bootstrap import resamples, spread
 
     idx = resamples(len(tokens), B)
     return spread(np.asarray(tokens, np.float64)[idx].sum(1) / np.asarray(seconds, np.float64)[idx].sum(1))

@@ -55,6 +55,7 @@ has nothing to split.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,8 @@ import torch
 from torch import Tensor
 
 from tadm import runtime
+from tadm.experiments.sampling import network_autocast
+from tadm.metrics.bootstrap import resamples
 from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
 
 
@@ -111,7 +114,6 @@ def record_trajectory(model, seq_len: int, cfg: StalenessSettings,
                       dist: runtime.Dist | None = None) -> list[tuple[float, Tensor]]:
     """[(t, z_t)] of one batched reverse process with a fresh anchor every step (under the
     autocast of `dist`, on the model's device)."""
-    from tadm.experiments.sampling import network_autocast
 
     canvases: list[tuple[float, Tensor]] = []
     settings = SamplerSettings(sampler=cfg.sampler, steps=cfg.steps, nucleus_p=cfg.nucleus_p, seed=cfg.seed,
@@ -296,7 +298,6 @@ def summary(m: Staleness, bootstrap: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED
     docstring; one generator seeded with `seed`)."""
     import pandas as pd
 
-    from tadm.metrics.bootstrap import resamples
 
     if not isinstance(m, Staleness):
         raise TypeError("staleness.summary needs measure()'s Staleness (its per-sequence parts), "
@@ -327,7 +328,6 @@ def growth(table, age: int | None = None, kl: str = "kl_fused") -> tuple[float, 
     """(`kl` at `age` / `kl` at age 1, its standard error) from `summary`: the bootstrap over
     sequences (``growth_<kl>_se``) when the table has it, else first order from the per-age
     errors; `age` None: the oldest age recorded."""
-    import math
 
     age = int(table.index.max()) if age is None else age
     a, b = table.loc[age], table.loc[1]
@@ -344,9 +344,7 @@ def growth_note(table, target: float = 10.0) -> str:
     it falls short when it does: the unfused reuse KL's power law in the age (a log-log fit,
     KL_reused ~ age^p) bounds the growth to about oldest^p, so `target` needs
     p >= log(target) / log(oldest); the fusion's recovery sets how much of it reaches the output."""
-    import math
 
-    import numpy as np
 
     top = int(table.index.max())
     fused, fused_se = growth(table)

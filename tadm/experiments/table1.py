@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapper
@@ -66,13 +67,20 @@ from tqdm import tqdm
 from tadm import runtime
 from tadm.caches import CACHE_METHODS, budget
 from tadm.config import Params
+from tadm.config import notebook as nb
 from tadm.data import arithmetic, chat
+from tadm.data.tokenizer import load_tokenizer
 from tadm.errors import DataError
+from tadm.experiments import worker
+from tadm.experiments.worker import optional_path
 from tadm.io import atomic_write_json
 from tadm.metrics.bootstrap import paired_speedup
+from tadm.metrics.replicates import pooled_between, replicated_accuracy_delta
 from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import sampling_kwargs
 from tadm.posttrain.data import arithmetic_eval_set, left_pad
+from tadm.posttrain.train import fusion_runs
+from tadm.tasks.suite import build_task
 
 # max_new_tokens per task in the paper (Sec. 6); arithmetic: one canvas
 PAPER_LENGTHS = {"gsm8k": 1024, "humaneval": 1024, "gpqa_diamond": 2048, "mmlu_pro": 2048,
@@ -154,7 +162,6 @@ def load_task(name: str, p: Params, sft_dir: Path, unsafe_host_execution: bool =
     pt = p.posttrain
     if name == "arithmetic":
         return arithmetic_task(sft_dir, pt.eval_examples, pt.canvas_length)
-    from tadm.tasks.suite import build_task  # the paper's benchmarks (hub or local files)
 
     source = pt.task_sources.get(name) or (p.sft.gsm8k if name == "gsm8k" else None)
     prompts, score = build_task(name, source, limit=pt.eval_examples, unsafe_host_execution=unsafe_host_execution)
@@ -407,7 +414,6 @@ def load_models(p: Params, root: Path = Path("."), dist: runtime.Dist | None = N
     """The frozen base, TADM with its trained fusion (models/dg_tadm), the fresh-anchor control
     (models/dg_fresh; None unless `control`) and the tokenizer, on the device of `dist` (None:
     `runtime.setup(p.runtime)`)."""
-    from tadm.data.tokenizer import load_tokenizer
 
     source = dgm.base_source(p, root)
     local = p.posttrain.base_model == "local"
@@ -461,7 +467,6 @@ def replicate_methods(p: Params, base, root: Path = Path("."), control: bool = T
     `base`: TADM's replicates at every K of :func:`replicate_ks` (row "TADM K=k"), the control's as
     the control (K = 1), each at posttrain.seeds; labelled "<row> (s<training seed>)". A missing
     replicate fusion is a DataError naming the command that trains it."""
-    from tadm.posttrain.train import fusion_runs
 
     seeds, out = row_seeds(p, "tadm"), []
     for run in fusion_runs(p, False, root)[1:]:
@@ -484,7 +489,6 @@ def _replicate_model(base, p: Params, run):
 
 def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:
     """Worker job "table1" (`tadm.experiments.worker`): :func:`run` in one torchrun process."""
-    from tadm.experiments.worker import optional_path
 
     log = print if d.main else (lambda *_: None)
     return run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=optional_path(args.get("out")), log=log,
@@ -499,7 +503,6 @@ def notebook_params(params_file: str | Path, profile: str | None = None, *, K=No
     list-ness; one ConfigError line naming the parameter). `K`: one refresh interval instead of
     posttrain.refresh_every, the fusion replicates at it; `seeds`: posttrain.seeds, the cache rows
     keeping their further seeds of posttrain.cache_seeds unless `cache_seeds` is given."""
-    from tadm.config import notebook as nb
 
     params = nb.load(params_file, profile)
     K = nb.parameter("K", K, "posttrain.refresh_every", entry=True)
@@ -538,7 +541,6 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
     (2) the training-free caches at their further seeds (posttrain.cache_seeds); (3) the fusion
     replicates (:func:`replicate_methods`) at posttrain.seeds, scored, not timed. Then the
     statistics over fusion runs (:func:`add_statistics`)."""
-    from tadm.experiments import worker
 
     if worker.needs_launch(p):
         return worker.launch("table1", p, {"root": str(root), "sft_dir": str(sft_dir),
@@ -672,7 +674,6 @@ def within_run_var(correct_seeds: list[list[int]]) -> float | None:
     """The sampling variance (points^2) of one run's accuracy, the mean over its S seeds and n
     examples, given its fusion and the examples: sum_i s_i^2 / (n^2 S), s_i^2 the variance of
     example i's correctness over the seeds (unbiased, ddof 1); None with one seed."""
-    import numpy as np
 
     x = np.asarray(correct_seeds, np.float64)
     if x.ndim != 2 or x.shape[0] < 2:
@@ -686,7 +687,6 @@ def between_run(rows: dict[str, dict]):
     the arms -- TADM at every K >= 2 and the control (`tadm.metrics.replicates.pooled_between`), each
     run's own sampling variance (:func:`within_run_var`) subtracted where every run has two seeds
     or more -- and the arms' labels; (None, arms) when no arm has two runs."""
-    from tadm.metrics.replicates import pooled_between
 
     arms = [label for label, row in rows.items() if trained_row(row) and row.get("runs")]
     values = [[r["accuracy"] for r in rows[a]["runs"]] for a in arms]
@@ -703,7 +703,6 @@ def accuracy_delta(a: dict, b: dict, pooled) -> tuple[float, float]:
     (`tadm.metrics.replicates.replicated_accuracy_delta`): the example bootstrap of the per-example
     differences of the means over runs and seeds, plus the pooled between-run variance times 1/n for
     each trained side (:func:`trained_row`); an untrained side (base, caches, TADM K = 1) adds none."""
-    from tadm.metrics.replicates import replicated_accuracy_delta
 
     if a is b:
         return 0.0, 0.0

@@ -12,11 +12,16 @@ and CSV; `tradeoff_figure` plots quality against compute (seaborn), saved as PNG
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from tadm.errors import DataError
+from tadm.experiments import throughput
 from tadm.experiments.table2 import ROWS
+from tadm.experiments.throughput import paired_ratio
 from tadm.io import atomic_path, atomic_write_text
 
 METRICS = ["mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"]
@@ -31,7 +36,6 @@ HEADERS = {"mauve": "MAUVE ↑", "gen_ppl": "Gen PPL ↓", "entropy": "Entropy",
 def read_results(directory: str | Path) -> list[dict]:
     files = sorted(Path(directory).glob("*.json"))
     if not files:
-        from tadm.errors import DataError
 
         raise DataError(f"no results in {directory}: run the sampling stages first")
     return [json.loads(f.read_text()) for f in files]
@@ -39,7 +43,6 @@ def read_results(directory: str | Path) -> list[dict]:
 
 def read_throughput(path: str | Path = "results/throughput.json") -> dict:
     """The throughput stage's result; a one-line DataError naming the file when it is missing."""
-    from tadm.experiments import throughput
 
     return throughput.load(path)
 
@@ -50,8 +53,6 @@ def with_throughput(df: pd.DataFrame, throughput: dict, source: str = "results/t
     paired per-round ratios (`tadm.experiments.throughput.paired_ratio`). A Table 2 row that samples
     but was not timed there is a DataError (a stale results/throughput.json), never the row's own
     number; rows without a model (Data) get none."""
-    from tadm.errors import DataError
-    from tadm.experiments.throughput import paired_ratio
 
     cells = []  # (tokens/s, its se, ratio vs ADLM, its se) per line of df
     for name, T in zip(df.row, df["T"]):
@@ -168,7 +169,6 @@ def _pm(value, se) -> str:
         return "–"
     if se is None or pd.isna(se):
         return _fmt(value)
-    import math
 
     decimals = max(0, 1 - int(math.floor(math.log10(se)))) if se > 0 else 3
     return f"{value:,.{decimals}f} ± {se:,.{decimals}f}"
@@ -260,7 +260,6 @@ def replicate_runs_frame(table2: list[dict], replicates: list[dict], seed: int) 
 def replicate_summary(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (row, T): the training runs' count and each metric's mean and sd over them (Gen PPL:
     the geometric mean and the sd of log Gen PPL, the scale the findings test on)."""
-    import numpy as np
 
     out = []
     for (row, T), g in runs.groupby(["row", "T"], sort=False):

@@ -1,9 +1,11 @@
 """The claims table: each verdict of each rule on constructed numbers, and claims computed from
 result files (nothing typed by hand: change a number, the verdict follows)."""
 
+import csv
 import json
 import math
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -501,3 +503,73 @@ def test_throughput_is_a_direction_finding_with_measured_over_bound_and_the_pape
     assert {c.id: c for c in C.claims(C.read_inputs(p, root))}["throughput_vs_adlm"].verdict == C.INCONCLUSIVE
     _throughput(root, 0.8, 0.05, 1.6)
     assert {c.id: c for c in C.claims(C.read_inputs(p, root))}["throughput_vs_adlm"].verdict == C.CONTRADICTED
+
+
+# --------------------------------------------------------------------------- the catalog
+
+
+def test_every_catalog_entry_has_its_own_id_and_a_registered_evaluator():
+    ids = [e.id for e in C.CATALOG]
+    assert len(ids) == len(set(ids)) and all(e.evidence in C.EVIDENCE for e in C.CATALOG)
+
+
+def test_a_new_claim_is_one_catalog_entry(run_dir):
+    """Two claims nobody wrote code for, each one `Entry` over an existing evaluator: measured,
+    gated, decided and written like the paper's own."""
+    p, root = run_dir
+    lower = C.Entry("genppl_tadm_below_remdm", "TADM‡ Gen PPL below ReMDM's at T = 2048", "21.70 vs 22.8",
+                    "table2_quality", metric="log_ppl", rows=("tadm", "remdm"), budget=2, sign=-1,
+                    paper_value=math.log(22.8 / 21.70), test="log(PPL ReMDM / PPL TADM‡) > 0",
+                    source="samples/{{tadm,remdm}} (T{T})", n_unit="samples per run")
+    above = C.Entry("mauve_remdm_above_tadm", "ReMDM MAUVE above TADM‡'s at T = 2048", "0.610 vs 0.646",
+                    "table2_quality", metric="mauve", rows=("remdm", "tadm"), budget=2,
+                    test="MAUVE(ReMDM) - MAUVE(TADM‡) > 0")
+    paper_only = C.claims(C.read_inputs(p, root))
+    assert {lower.id, above.id}.isdisjoint(c.id for c in paper_only)
+    cs = C.write(p, root, out=root / "paper_figures", catalog=C.CATALOG + (lower, above))
+    got = {c.id: c for c in cs}
+    # ReMDM's samples at Gen PPL ~60, TADM's at ~55: lower, beyond the training runs' noise; its
+    # MAUVE (1.5 sd from the references) below TADM's: the other claim contradicted
+    assert got[lower.id].value == pytest.approx(math.log(60 / 55), abs=0.03) and got[lower.id].verdict == C.REPRODUCED
+    assert got[above.id].value < -0.5 and got[above.id].verdict == C.CONTRADICTED
+    assert got[lower.id].rests_on == ("mdlm", "tadm")
+    assert got[lower.id].extra["family"] == "checkpoints mdlm, tadm, tadm_gamma0"  # Holm-adjusted with the paper's
+    csv_rows = {r["id"]: r for r in csv.DictReader((root / "paper_figures/claims.csv").open())}
+    assert csv_rows[lower.id]["verdict"] == "reproduced" and csv_rows[lower.id]["source"] == "samples/{tadm,remdm} (T128)"
+    assert csv_rows[above.id]["verdict"] == "contradicted" and csv_rows[above.id]["rule"] == "direction"
+    md = (root / "paper_figures/claims.md").read_text()
+    assert "| TADM‡ Gen PPL below ReMDM's at T = 2048 | 21.70 vs 22.8 | " in md
+    assert re.search(r"\| ReMDM MAUVE above TADM‡'s at T = 2048 \|.*\| \*\*contradicted\*\* \|", md)
+    before, after = C.tally(paper_only), C.tally(cs)
+    assert after == before | {C.REPRODUCED: before[C.REPRODUCED] + 1, C.CONTRADICTED: before[C.CONTRADICTED] + 1}
+    assert "Findings: " + ", ".join(f"{n} {v}" for v, n in after.items()) in md
+    # the preconditions gate it like any comparison of separately trained models
+    shutil.rmtree(root / "samples" / "replicates")
+    cs, pre = C.evaluate(C.read_inputs(p, root), C.CATALOG + (lower,))
+    gate = next(r for r in pre if r["check"].startswith("training variance"))
+    assert lower.id in gate["gates"] and {c.id: c for c in cs}[lower.id].verdict == C.NOT_TESTABLE
+
+
+def test_a_new_shape_of_evidence_is_one_registered_evaluator(run_dir, monkeypatch):
+    """An evaluator of a metric file the catalog has never read, registered by name, and the
+    entry that names it."""
+    p, root = run_dir
+
+    def toy_speedup(inp, e, c, rules):
+        record = json.loads((inp.root / "metrics/toy_speed.json").read_text())
+        ratio, se = record[e.rows[0]] / record[e.rows[1]], record["se"]
+        c.value, c.se, c.n = ratio - 1.0, se, record["rounds"]
+        c.shown = f"{ratio:.2f}x"
+
+    monkeypatch.setitem(C.EVIDENCE, "toy_speedup", toy_speedup)
+    entry = C.Entry("toy_speedup_vs_mdlm", "TADM samples faster than MDLM", "1.2x", "toy_speedup",
+                    rows=("tadm", "mdlm"), test="TADM / MDLM tokens/s - 1 > 0", source="metrics/toy_speed.json",
+                    n_unit="rounds")
+    for tadm, verdict in ((150.0, C.REPRODUCED), (102.0, C.INCONCLUSIVE), (60.0, C.CONTRADICTED)):
+        (root / "metrics/toy_speed.json").write_text(json.dumps({"tadm": tadm, "mdlm": 100.0, "se": 0.05, "rounds": 7}))
+        cs = C.write(p, root, out=root / "paper_figures", catalog=C.CATALOG + (entry,))
+        got = {c.id: c for c in cs}[entry.id]
+        assert got.value == pytest.approx(tadm / 100 - 1) and got.verdict == verdict
+        assert got.extra["family"] == f"alone: {entry.id}"  # it rests on no checkpoint
+        assert f"| TADM samples faster than MDLM | 1.2x | {tadm / 100:.2f}x | direction: TADM / MDLM tokens/s - 1 > 0 |" in (
+            root / "paper_figures/claims.md").read_text()

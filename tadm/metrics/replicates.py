@@ -95,12 +95,6 @@ def replicated_difference(a: Sequence[float], b: Sequence[float] | float, var_wi
     return diff, math.sqrt(var)
 
 
-def replicate_seeds(seed: int, replicates: int) -> list[int]:
-    """The seeds of the training replicates beyond the tables' run at `seed`: seed + 1, ...,
-    seed + replicates - 1 (``train.replicates``, ``posttrain.replicates``)."""
-    return [seed + i for i in range(1, replicates)]
-
-
 def replicated_accuracy_delta(a_runs: Sequence, ref_runs: Sequence, pooled: Pooled | None, ref_trained: bool,
                               B: int = 1000, seed: int = 0xB007, a_trained: bool = True) -> tuple[float, float]:
     """Accuracy of arm a minus the reference's, in points, over training runs: each run a
@@ -147,5 +141,5 @@ def runs_needed(pooled: Pooled, target: float, z: float, z_power: float, df: int
     return max(2, math.ceil(2 * pooled.var_between * (c / target) ** 2))
 
 
-__all__ = ["Pooled", "pooled_between", "replicated_difference", "replicate_seeds", "replicated_accuracy_delta",
+__all__ = ["Pooled", "pooled_between", "replicated_difference", "replicated_accuracy_delta",
            "critical", "runs_needed"]

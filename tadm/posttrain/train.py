@@ -68,7 +68,7 @@ from tadm.posttrain.objective import Rollout, base_loss, posttrain_loss
 from tadm.runtime import Dist, all_mean
 from tadm.train import checkpoint
 from tadm.train.divergence import FiniteWatch
-from tadm.train.trainer import REPLICATES, GlobalBatches, _seed, adamw, hold_run, replicate_name, resume_state, wrap
+from tadm.train.trainer import REPLICATES, GlobalBatches, _seed, adamw, hold_run, replicate_name, resume_state, seeds_after, wrap
 
 SFT_DIR = Path("data/sft")
 # code a checkpoint depends on (a change refuses to resume it): the base's run and the fusion's
@@ -143,9 +143,7 @@ class FusionRun:
 
 def replicate_seeds(p: Params) -> list[int]:
     """The fusion replicates' seeds beyond the main run's (posttrain.replicates - 1 of them)."""
-    from tadm.metrics import replicates
-
-    return replicates.replicate_seeds(p.posttrain.seed, p.posttrain.replicates)
+    return seeds_after(p.posttrain.seed, p.posttrain.replicates)
 
 
 def fusion_run(p: Params, fresh: bool = False, replicate: int = 0, root: Path = Path(".")) -> FusionRun:

@@ -47,7 +47,6 @@ from tadm.data.packing import PACK_HINT, PackedTokens
 from tadm.errors import ConfigError, TadmError
 from tadm.io import read_manifest, atomic_write_json, atomic_write_text, require_writable, sha256_file
 from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
-from tadm.metrics import replicates
 from tadm.train import checkpoint
 from tadm.train.methods import Method, get_method
 from tadm.train.divergence import FiniteWatch, check_value
@@ -77,9 +76,15 @@ def replicate_name(name: str, seed: int) -> str:
     return f"{name}-s{seed}"
 
 
+def seeds_after(seed: int, replicates: int) -> list[int]:
+    """The seeds of the training replicates beyond the tables' run at `seed`: seed + 1, ...,
+    seed + replicates - 1 (``train.replicates``, ``posttrain.replicates``)."""
+    return [seed + i for i in range(1, replicates)]
+
+
 def replicate_seeds(p: Params) -> list[int]:
     """The seeds of the training replicates beyond the tables' run (train.replicates - 1 of them)."""
-    return replicates.replicate_seeds(p.seed, p.train.replicates)
+    return seeds_after(p.seed, p.train.replicates)
 
 
 # ----------------------------------------------------------------------------- devices

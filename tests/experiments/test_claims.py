@@ -151,7 +151,7 @@ def run_dir(tmp_path):
     """A run of the default profile's shape: L = 64, T = 64 (K = 8) and 128 (K = 4)."""
     p = config.override(config.load(config.PROFILES_DIR / "default.yaml"),
                         {"sample.canvas_length": 64, "sample.block_size": 64, "packing.seq_len": 64,
-                         "sample.steps": [64, 128], "sample.refresh_every": [8, 4], "eval.bootstrap": 20})
+                         "sample.budgets": [{"T": 64, "K": 8}, {"T": 128, "K": 4}], "eval.bootstrap": 20})
     rows = {"mdlm": (0.1, 80.0, 6, 100.0), "remdm": (0.3, 60.0, 6, 100.0), "adlm": (0.5, 50.0, 9, 60.0),
             "tadm": (0.4, 55.0, None, 120.0), "tadm_gamma0": (0.41, 56.0, None, 120.0)}
     shifts = {"remdm": 1.5, "tadm": 0.0, "tadm_gamma0": 0.0}
@@ -175,11 +175,11 @@ def run_dir(tmp_path):
 
 
 def test_compute_checks_follow_the_runs_refresh_interval(run_dir):
-    """`-S sample.refresh_every='[2,8]'` (the README's example) used to turn both implementation
-    checks to "fail": their expected ratio was the paper's 0.75 / 0.625 whatever K the run used.
-    The design's ratio is now computed at the run's K and depths; the paper's K is named beside."""
+    """The README's override example (`-S 'sample.budgets=[{T:64,K:2},{T:128,K:8}]'`) keeps both
+    implementation checks passing: the design's ratio is computed at the run's K and depths (not
+    the paper's 0.75 / 0.625), the paper's K named beside."""
     p, root = run_dir
-    p = config.override(p, {"sample.refresh_every": [2, 8]})
+    p = config.override(p, {"sample.budgets": [{"T": 64, "K": 2}, {"T": 128, "K": 8}]})
     for row in ("tadm", "mdlm"):
         path = root / f"results/table2/{row}.json"
         record = json.loads(path.read_text())
@@ -255,7 +255,7 @@ def test_a_worse_tadm_flips_the_verdict_and_the_files_are_written(run_dir):
 
 def test_a_budget_the_profile_does_not_sample_is_not_run(run_dir):
     p, root = run_dir
-    p = config.override(p, {"sample.steps": [64], "sample.refresh_every": [8], "sample.replicate_steps": []})
+    p = config.override(p, {"sample.budgets": [{"T": 64, "K": 8}], "sample.replicate_steps": []})
     got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
     assert got["compute_T2L"].verdict == C.NOT_RUN and got["mauve_tadm_vs_remdm"].verdict == C.NOT_RUN
     assert got["compute_T1L"].verdict == C.PASS

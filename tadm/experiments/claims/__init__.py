@@ -65,7 +65,7 @@ Every +- is computed on the difference itself and names what it covers:
 - one trained model on both sides (the refresh sweep): the paired bootstrap over samples;
 - throughput ratios: the median of paired per-round ratios and its bootstrap se over rounds (the
   throughput stage times every row in turns; Table 1 over prompt batches);
-- accuracy differences (Table 1's own estimator, `tadm.posttrain.table1.accuracy_delta`): the
+- accuracy differences (Table 1's own estimator, `tadm.experiments.table1.accuracy_delta`): the
   per-example difference of means over fusion runs and sampling seeds, bootstrapped over examples,
   plus the pooled between-run variance of the trained fusions' run-level accuracies (each run's
   sampling variance subtracted) for each trained side; pooled over every task of posttrain.tasks
@@ -78,7 +78,7 @@ paper's effect: samples while the training term allows it, else training runs pe
 
 Budgets are matched by their relation to the sequence length: the paper's T = 1024 = L is this
 profile's T = L, its T = 2048 = 2L is T = 2L (sample.canvas_length); a claim whose budget is not
-among sample.steps is not run at this profile.
+among sample.budgets is not run at this profile.
 
 The package
 -----------

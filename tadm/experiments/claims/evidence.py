@@ -12,9 +12,11 @@ from collections.abc import Callable
 import numpy as np
 
 from tadm.compute import cached_layer_calls
+from tadm.experiments import throughput
 from tadm.experiments.claims.claim import EQUIVALENCE, NON_INFERIORITY, Claim, Entry
 from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import Rules, exact, paper_position, usable
+from tadm.experiments.table1 import accuracy_delta, between_run
 from tadm.metrics.bootstrap import paired_log_ppl_ratio, paired_mauve_diff
 from tadm.metrics.replicates import Pooled, replicated_difference
 from tadm.sampling.anchor_cache import PAPER_REFRESH_SCHEDULE
@@ -136,8 +138,6 @@ def paired_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
     """rows[0]'s throughput over rows[1]'s at T = budget x L, minus 1 (the throughput stage's
     paired per-round ratios), with its measured / FLOP-bound ratio; the paper's figure placed
     against this run's interval."""
-    from tadm.experiments import throughput
-
     T = inp.budget(e.budget)
     if inp.throughput is None or T is None:
         return
@@ -398,9 +398,7 @@ def _t1_merged(tasks: list[dict]) -> dict[str, dict]:
 
 def _t1_delta(tasks: list[dict], a: str, ref: str) -> tuple[float, float, Pooled | None, int, int]:
     """(accuracy a - ref in points, se, the pool, examples, fusion runs of a) over `tasks` together,
-    with Table 1's own estimator (`tadm.posttrain.table1.between_run`, `accuracy_delta`)."""
-    from tadm.posttrain.table1 import accuracy_delta, between_run
-
+    with Table 1's own estimator (`tadm.experiments.table1.between_run`, `accuracy_delta`)."""
     rows = _t1_merged(tasks)
     pool, _ = between_run(rows)
     delta, se = accuracy_delta(rows[a], rows[ref], pool)

@@ -15,7 +15,8 @@ import numpy as np
 
 from tadm.config import Params
 from tadm.metrics.bootstrap import resamples, spread
-from tadm.metrics.replicates import Pooled, pooled_between, replicate_seeds
+from tadm.metrics.replicates import Pooled, pooled_between
+from tadm.train.trainer import seeds_after
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Inputs:
         """This profile's refresh interval K at budget T."""
         if T is None:
             return None
-        return self.params.sample.refresh_every[list(self.params.sample.steps).index(T)]
+        return self.params.sample.refresh_for(T)
 
     def paired(self, samples_dir: str | Path, T: int | None) -> dict | None:
         from tadm.experiments.table2 import load_paired
@@ -63,7 +64,7 @@ class Inputs:
         if main is not None:
             out[p.seed] = main
         if row in p.sample.replicate_rows and T in p.sample.replicate_steps:
-            for seed in replicate_seeds(p.seed, p.train.replicates):
+            for seed in seeds_after(p.seed, p.train.replicates):
                 d = self.paired(Path("samples") / "replicates" / f"s{seed}" / row, T)
                 if d is not None:
                     out[seed] = d

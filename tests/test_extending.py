@@ -9,6 +9,7 @@ import pytest
 
 from tadm.config import ROOT
 from tadm.registry import SAMPLERS
+from tests.experiments.test_claims import run_dir  # noqa: F401 - the synthetic run, a fixture
 from tests.sampling.conftest import random_model
 
 PAGE = ROOT / "docs" / "extending.md"
@@ -27,7 +28,7 @@ def section_code(title: str) -> str:
 
 def test_sections_have_their_examples():
     titles = re.findall(r"^## (.+)$", PAGE.read_text(), flags=re.M)
-    assert titles[:2] == ["A sampler", "A sampling budget"]
+    assert titles[:3] == ["A sampler", "A sampling budget", "A claim"]
 
 
 @pytest.fixture
@@ -48,3 +49,12 @@ def test_a_sampling_budget():
     namespace: dict = {}
     exec(compile(section_code("A sampling budget"), str(PAGE), "exec"), namespace)
     assert namespace["params"].sample.refresh_for(128) == 4
+
+
+def test_a_claim(run_dir):  # noqa: F811 - the fixture imported above
+    params, root = run_dir
+    namespace = {"params": params, "root": root}
+    exec(compile(section_code("A claim"), str(PAGE), "exec"), namespace)
+    got = {c.id: c for c in namespace["table"]}
+    assert got["genppl_tadm_below_remdm"].verdict == "reproduced"  # the synthetic run: Gen PPL 55 vs 60
+    assert "| TADM‡ Gen PPL below ReMDM's at T = 2048 |" in (root / "paper_figures" / "claims.md").read_text()

@@ -176,3 +176,10 @@ def test_switch_profile_writes_params(tmp_path):
     out = config.write_profile("micro", tmp_path / "params.yaml")
     assert config.load(out).profile == "micro"
     assert config.load(out).packing.seq_len == 32
+
+
+def test_a_budget_is_looked_up_by_its_T():
+    s = config.from_dict(config.render_profile("default")).sample
+    assert s.steps == [64, 128] and [s.refresh_for(T) for T in s.steps] == [8, 4]
+    with pytest.raises(ConfigError, match=r"sample.budgets: no budget with T = 96 \(budgets: T=64 K=8, T=128 K=4\)"):
+        s.refresh_for(96)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tadm.config.fields import spec
+from tadm.errors import ConfigError
 from tadm.registry import SAMPLERS
 
 
@@ -64,11 +65,11 @@ class SampleConfig:
         return [b.T for b in self.budgets]
 
     def refresh_for(self, T: int) -> int:
-        """K of the budget with T reverse steps (a one-line error naming sample.budgets if none)."""
+        """K of the budget with T reverse steps (a one-line ConfigError naming sample.budgets if none)."""
         for b in self.budgets:
             if b.T == T:
                 return b.K
-        raise KeyError(f"sample.budgets: no budget with T = {T} (budgets: {', '.join(f'T={b.T} K={b.K}' for b in self.budgets)})")
+        raise ConfigError("sample.budgets", f"no budget with T = {T} (budgets: {', '.join(f'T={b.T} K={b.K}' for b in self.budgets)})")
 
 
 @dataclass

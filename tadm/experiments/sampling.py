@@ -46,7 +46,7 @@ import numpy as np
 
 from tadm import runtime
 from tadm.config import Params
-from tadm.errors import DataError
+from tadm.errors import ConfigError, DataError
 from tadm.io import atomic_path, atomic_write_json, sha256_tree
 from tadm.metrics.bootstrap import resamples, spread
 from tadm.models import load_pretrained
@@ -76,8 +76,8 @@ class SampleRun:
             return FixedInterval(self.K)
         try:
             return FixedInterval(params.sample.refresh_for(steps))
-        except KeyError as e:
-            raise DataError(f"{e.args[0]}: give K explicitly") from None
+        except ConfigError as e:
+            raise DataError(f"{e.key}: {e.detail}: give K explicitly") from None
 
 
 def batch_seed(seed: int, index: int) -> int:

@@ -43,7 +43,7 @@ class SampleConfig:
     alpha_on: float = spec(0.9, gt=0.0, lt=1.0)
     # the throughput stage (tadm.experiments.throughput): every row that samples timed in turns in
     # one process, throughput_rounds paired rounds at batch throughput_batch (0: batch_size), each
-    # timing whole refresh cycles (lcm of refresh_every steps) from one mid-trajectory state per row
+    # timing whole refresh cycles (lcm of the budgets' K steps) from one mid-trajectory state per row
     # and budget; then throughput_batch1_rounds rounds of the same at batch 1 (0: none)
     throughput_rounds: int = spec(10, ge=1)
     throughput_batch: int = spec(0, ge=0)

@@ -139,8 +139,8 @@ class BudgetSchedule(RefreshPolicy):
 
     @classmethod
     def from_config(cls, cfg) -> "BudgetSchedule":
-        """From a SampleConfig: one K (refresh_every) per budget (steps)."""
-        return cls(dict(zip(cfg.steps, cfg.refresh_every)))
+        """From a SampleConfig: each budget's K by its T (sample.budgets)."""
+        return cls({b.T: b.K for b in cfg.budgets})
 
     def interval(self, total_steps: int) -> int:
         if total_steps not in self.table:

@@ -13,7 +13,7 @@ SIZE_KEY = re.compile(r"^(d_model|n_heads|\w*_layers|fusion_rank|seq_len|shard_s
                       r"max_\w*tokens|max_context_tokens|\w*_tokens|steps|\w*_steps|\w*_every|num_samples|"
                       r"\w*_samples|\w*_examples|\w*_canvases|\w*_eval|eval_sequences|validation_docs|max_docs|count|"
                       r"global_batch|micro_batch|batch_size|\w*_batch|\w*_batch_size|bootstrap|\w*_rounds|"
-                      r"\w*block_size|nproc)$")
+                      r"\w*block_size|nproc|T)$")  # T: a sampling budget's reverse steps
 
 
 def leaves(node, path=()):

@@ -53,6 +53,15 @@ def free_space(path: str | Path) -> str:
         return "free space unknown"
 
 
+def probe_writable(directory: Path) -> None:
+    """Make `directory` (with its parents) and write and remove one file in it; OSError if either
+    fails."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-probe-")
+    os.close(fd)
+    os.unlink(probe)
+
+
 def require_writable(dirs: dict[str, str | Path], before: str) -> None:
     """Each directory ({what: path}) exists or can be made, and takes a new file: probed before
     `before` starts, so that a read-only or missing output place is one line at the start, not a
@@ -60,10 +69,7 @@ def require_writable(dirs: dict[str, str | Path], before: str) -> None:
     for what, directory in dirs.items():
         directory = Path(directory)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-probe-")
-            os.close(fd)
-            os.unlink(probe)
+            probe_writable(directory)
         except OSError as e:
             raise DataError(f"{directory}: cannot write the {what} there ({e.strerror or e}; {free_space(directory)}); "
                             f"nothing was done: make it writable before {before}") from None

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from tadm import config
+from tadm.io import probe_writable
 
 OVERLAY = config.PROFILES_DIR / "dry-run" / "paper.yaml"
 # what the pipeline must leave in paper_figures/ (the paper's tables and figures)
@@ -103,10 +104,7 @@ def _check_workdir(workdir: Path) -> None:
     if workdir.exists() and not workdir.is_dir():
         sys.exit(f"--workdir {workdir}: not a directory (the dry run's scratch directory; name a new or an empty one)")
     try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=workdir, prefix=".write-probe-")
-        os.close(fd)
-        os.unlink(probe)
+        probe_writable(workdir)
     except OSError as e:
         sys.exit(f"--workdir {workdir}: cannot create or write it ({e.strerror or e})")
 

@@ -17,15 +17,15 @@ from tadm.experiments.claims.claim import EQUIVALENCE, NON_INFERIORITY, Claim, E
 from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import Rules, exact, paper_position, usable
 from tadm.experiments.table1 import accuracy_delta, between_run
+from tadm.experiments.table2 import ROWS
 from tadm.metrics.bootstrap import paired_log_ppl_ratio, paired_mauve_diff
 from tadm.metrics.replicates import Pooled, replicated_difference
 from tadm.sampling.anchor_cache import PAPER_REFRESH_SCHEDULE
 
 PAPER_L = 1024  # the paper's sequence length: its T = 1024 is L, T = 2048 is 2L
 
-# the trained checkpoint each Table 2 row samples from
-ROW_MODEL = {"remdm": "mdlm", "mdlm": "mdlm", "mdlm_fb": "mdlm", "mdlm_dfm": "mdlm", "tadm": "tadm",
-             "tadm_gamma0": "tadm_gamma0", "adlm": "adlm", "sedd": "sedd", "ar": "ar", "tadm_nofusion": "tadm"}
+# the trained checkpoint each Table 2 row samples from (Table 2's own rows)
+ROW_MODEL = {name: row.model for name, row in ROWS.items() if row.model is not None}
 LABEL = {"remdm": "ReMDM", "tadm": "TADM‡", "tadm_gamma0": "TADM†"}
 # the trained fusion each Table 1 family samples with (the base and the training-free caches: none)
 POSTTRAIN_MODEL = {"tadm": "dg_posttrain", "control": "dg_posttrain_fresh"}

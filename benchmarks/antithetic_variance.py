@@ -50,7 +50,7 @@ from tadm.forward_process import sample_times
 from tadm.losses import nelbo_from_rows, subs_readout
 from tadm.models import load_pretrained
 from tadm.schedule import LogLinearSchedule
-from tadm.train.methods import EPS, get_method
+from tadm.methods import EPS, get_method
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "antithetic_variance"

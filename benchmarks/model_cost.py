@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tadm import config
-from tadm.train.methods import get_method
+from tadm.methods import get_method
 from train_throughput import train_step  # benchmarks/ (the script's own directory)
 
 RUNS = ("mdlm", "tadm")

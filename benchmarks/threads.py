@@ -53,7 +53,7 @@ def compute_column_run(steps: int):
 
 
 def mdlm_train_step(models: Path, p):
-    from tadm.train.methods import get_method
+    from tadm.methods import get_method
 
     method = get_method("mdlm", p)
     model = load_pretrained(models / "mdlm").train()
@@ -115,7 +115,7 @@ def dg_forward(model, data, p):
 
 def bare_steps(run: str, steps: int, params: str) -> None:
     """`steps` optimiser steps of a fresh `run` model on random tokens (a child of --pair)."""
-    from tadm.train.methods import get_method
+    from tadm.methods import get_method
 
     p = config.load(params)
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ import time
 import torch
 
 from tadm import config
-from tadm.train.methods import get_method
+from tadm.methods import get_method
 
 RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0")
 

@@ -248,11 +248,12 @@ def cmd_count(args) -> None:
     import torch
 
     from tadm.models import build_model, count_parameters
+    from tadm.registry import METHODS
 
     p = _params(args)
     vocab = args.vocab or p.tokenizer.vocab_size
     with torch.device("meta"):
-        for kind in ("mdlm", "adlm", "tadm", "sedd", "ar"):
+        for kind in dict.fromkeys(unit.model.model_type for unit in METHODS.values()):
             m = build_model(kind, p.model, vocab, p.packing.seq_len)
             if kind == "tadm":
                 head = count_parameters(m.anchor_head)
@@ -279,14 +280,17 @@ def cmd_sample(args) -> None:
     from tadm.data.tokenizer import load_tokenizer
     from tadm.errors import DataError
     from tadm.models import load_pretrained
+    from tadm.registry import METHODS, method_for
     from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
 
     p = _params(args)
     model = load_pretrained(args.model)
-    if model.model_type not in ("mdlm", "adlm", "tadm", "sedd"):
-        raise DataError(f"{args.model}: `tadm sample` runs the diffusion models (mdlm, adlm, tadm, sedd); "
+    unit = method_for(model.model_type)
+    if unit.adapter is None:
+        diffusion = ", ".join(dict.fromkeys(u.model.model_type for u in METHODS.values() if u.adapter is not None))
+        raise DataError(f"{args.model}: `tadm sample` runs the diffusion models ({diffusion}); "
                         f"AR samples with tadm.sampling.ar.sample_ar")
-    refresh = FixedInterval(args.refresh_every) if model.model_type == "tadm" else None
+    refresh = FixedInterval(args.refresh_every) if unit.refreshes else None
     settings = SamplerSettings.from_config(p.sample, steps=args.steps, seed=args.seed,
                                            **({"sampler": args.sampler} if args.sampler else {}))
     with torch.no_grad():

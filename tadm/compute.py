@@ -8,6 +8,8 @@ ignored: they are O(d) per token, negligible beside the matrix products counted 
 
 from __future__ import annotations
 
+from tadm.registry import METHODS  # each unit of tadm.methods states its formula with the blocks below
+
 
 def dit_block_flops(d_model: int, seq_len: int, mlp_ratio: int = 4) -> int:
     """One bidirectional Transformer (DiT) block, per token: QKV + output projections
@@ -67,17 +69,9 @@ def train_forward_flops(kind: str, cfg, vocab_size: int, seq_len: int, head_rows
     recomputes in backward (activation checkpointing of the readout, tadm.losses.row_losses) are
     hardware FLOPs, not model FLOPs, and are not counted (MFU's convention; FlopCounterMode on a
     real step counts them)."""
-    d, L = cfg.d_model, seq_len
-    blk = dit_block_flops(d, L, cfg.mlp_ratio)
-    head = lm_head_flops(d, vocab_size + 1)
-    if kind in ("mdlm", "sedd", "ar"):
-        return cfg.mdlm_layers * blk + head * (1.0 if kind == "ar" else head_rows)
-    if kind == "adlm":  # anchor + its head on every row + input map V+1 -> d + denoiser + its head on the rows
-        return (cfg.anchor_layers + cfg.denoiser_layers) * blk + head + dense_flops(vocab_size + 1, d) + head * head_rows
-    if kind in ("tadm", "tadm_gamma0"):  # stale anchor + fusion + denoiser (+ the anchor head when gamma > 0)
-        anchor_head = head * head_rows if kind == "tadm" else 0.0
-        return (cfg.anchor_layers + cfg.denoiser_layers) * blk + fusion_flops(d) + head * head_rows + anchor_head
-    raise ValueError(f"unknown training method {kind!r}")
+    if kind not in METHODS:
+        raise ValueError(f"unknown training method {kind!r}")
+    return METHODS[kind].forward_flops(kind, cfg, vocab_size, seq_len, head_rows)
 
 
 def train_step_flops_per_token(kind: str, cfg, vocab_size: int, seq_len: int, head_rows: float = MASKED_FRACTION) -> float:

@@ -57,6 +57,7 @@ from typing import Optional
 
 from tadm.config import ModelConfig, Params
 from tadm.errors import ConfigError
+from tadm.registry import METHODS
 
 GIB = 1024 ** 3
 COND = 128  # tadm.models.dit.COND_DIM
@@ -80,37 +81,37 @@ class Estimate:
         return self.state_bytes + self.activation_bytes
 
 
-def _block(d: int, m: int) -> int:
+def block_parameters(d: int, m: int) -> int:
+    """One DiT block: qkv, out, MLP, adaLN, norms."""
     return (4 + 2 * m) * d * d + 6 * COND * d + (m + 9) * d
 
 
-def _head(d: int, v: int) -> int:
+def head_parameters(d: int, v: int) -> int:
+    """An output head: LN + adaLN + Linear(d, V')."""
     return d * v + v + 2 * COND * d + 3 * d
 
 
-_COND_PARAMS = FREQ * COND + COND * COND + 2 * COND
+def fusion_parameters(d: int) -> int:
+    """TADM's fusion Phi."""
+    return 14 * d * d + 10 * d
+
+
+COND_PARAMS = FREQ * COND + COND * COND + 2 * COND  # the conditioning embedder
 
 
 def layers(kind: str, m: ModelConfig) -> int:
-    return m.mdlm_layers if kind in ("mdlm", "sedd", "ar") else m.anchor_layers + m.denoiser_layers
+    """Transformer layers of run `kind` (its unit in tadm.methods)."""
+    return METHODS[kind].layers(m)
 
 
 def heads(kind: str) -> int:
-    return 2 if kind in ("tadm", "tadm_gamma0", "adlm") else 1
+    return METHODS[kind].heads
 
 
 def model_parameters(kind: str, m: ModelConfig, vocab_size: int) -> int:
-    """Parameter count of model `kind` (see the module docstring's formula)."""
-    d = m.d_model
-    v = vocab_size if kind == "ar" else vocab_size + 1
-    n = layers(kind, m)
-    body = v * d + n * _block(d, m.mlp_ratio)
-    if kind in ("mdlm", "sedd", "ar"):
-        return body + _head(d, v) + _COND_PARAMS
-    p = body + 2 * _head(d, v) + 2 * _COND_PARAMS
-    if kind == "adlm":
-        return p + v * d + d  # Linear(V', d) reading the anchor's logits
-    return p + 14 * d * d + 10 * d  # tadm, tadm_gamma0: the fusion
+    """Parameter count of run `kind` (see the module docstring's formula; each unit of
+    tadm.methods states its own)."""
+    return METHODS[kind].parameters(kind, m, vocab_size)
 
 
 def _activation_bytes(p: Params, on_gpu: bool) -> int:

@@ -33,8 +33,8 @@ class Registry(Mapping[str, Any]):
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.concept} names must be non-empty strings, got {name!r}")
         known = self._units.get(name)
-        if known is not None and known is not unit and known.__qualname__ != unit.__qualname__:
-            raise ValueError(f"{self.concept} {name!r} is registered twice: {known.__qualname__} and {unit.__qualname__}")
+        if known is not None and known is not unit and known != unit and _label(known) != _label(unit):
+            raise ValueError(f"{self.concept} {name!r} is registered twice: {_label(known)} and {_label(unit)}")
         self._units[name] = unit
 
     def unregister(self, name: str) -> Any:
@@ -64,6 +64,25 @@ class Registry(Mapping[str, Any]):
         return f"Registry({self.concept!r}: {', '.join(self._units)})"
 
 
-SAMPLERS = Registry("sampler", home="tadm.sampling")
+def _label(unit: Any) -> str:
+    """A unit's class path (a module re-imported registers the same path again), else its repr."""
+    return getattr(unit, "__qualname__", None) or repr(unit)
 
-__all__ = ["Registry", "SAMPLERS"]
+
+SAMPLERS = Registry("sampler", home="tadm.sampling")
+METHODS = Registry("method", home="tadm.methods")  # run names of train.models -> tadm.methods.base.Method
+TABLE2_ROWS = Registry("Table 2 row", home="tadm.methods")  # row names -> tadm.methods.base.Row
+
+
+
+def method_for(model_type: str) -> Any:
+    """The unit of METHODS whose network is `model_type` (a loaded checkpoint's)."""
+    units = dict.fromkeys(METHODS.values())
+    for unit in units:
+        if unit.model.model_type == model_type:
+            return unit
+    raise ValueError(f"no method trains model_type {model_type!r} (known: "
+                     f"{', '.join(sorted({u.model.model_type for u in units}))})")
+
+
+__all__ = ["Registry", "SAMPLERS", "METHODS", "TABLE2_ROWS", "method_for"]

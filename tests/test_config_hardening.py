@@ -242,7 +242,7 @@ import torch
 torch.set_num_threads(1)
 from tadm import config
 from tadm.memory_estimate import training_estimate
-from tadm.train.methods import get_method
+from tadm.methods import get_method
 from tadm.train.trainer import EMA, adamw
 
 kind, d, anchor, denoiser, vocab, batch, seq = sys.argv[1], *map(int, sys.argv[2:8])

@@ -20,8 +20,8 @@ from tadm.schedule import LogLinearSchedule
 from tadm.losses import (
     adlm_anchor_loss, ar_nll, mdlm_nelbo, sedd_score_entropy, subs_log_probs, subs_readout, t_anelbo,
 )
-from tadm.train import methods
-from tadm.train.methods import get_method
+from tadm import methods
+from tadm.methods import get_method
 from tests.conftest import micro_raw
 
 V, L, B = 23, 12, 5
@@ -68,9 +68,10 @@ def _rows_of(pair: StalePair, rows: slice) -> StalePair:
 
 def _pin_draws(monkeypatch, t, z_t, pair):
     """Make the methods' noise draws the hand-made ones (so the reference sees the same)."""
-    monkeypatch.setattr(methods, "sample_times", lambda *a, **k: t)
-    monkeypatch.setattr(methods, "mask_tokens", lambda *a, **k: z_t)
-    monkeypatch.setattr(methods, "stale_pair", lambda *a, **k: pair)
+    for unit in (methods.base, methods.tadm):
+        monkeypatch.setattr(unit, "sample_times", lambda *a, **k: t)
+    monkeypatch.setattr(methods.base, "mask_tokens", lambda *a, **k: z_t)
+    monkeypatch.setattr(methods.tadm, "stale_pair", lambda *a, **k: pair)
 
 
 def _setup(run: str, seed: int = 0):
@@ -90,7 +91,7 @@ def _setup(run: str, seed: int = 0):
 
 def _reference_loss(run: str, method, model, x, t, z_t, pair, train: bool = True):
     """Today's objectives before the fast path: the model's full logits into the full-logits
-    definitions of tadm.losses (the code methods.py ran before)."""
+    definitions of tadm.losses (the code the methods ran before)."""
     S = method.schedule
     if run in ("mdlm",):
         return mdlm_nelbo(subs_log_probs(model(z_t), z_t, MASK), x, z_t, t, S, MASK)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tadm.config.fields import spec
+from tadm.registry import METHODS
 
 
 @dataclass
@@ -26,8 +27,8 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    models: list[Literal["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"]] = spec(
-        ["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"], nonempty=True, unique=True
+    models: list[str] = spec(  # run names registered in tadm.registry.METHODS (tadm.methods)
+        ["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"], nonempty=True, unique=True, registry=METHODS
     )
     steps: int = spec(1_000_000, ge=1)
     global_batch: int = spec(512, ge=1)
@@ -54,4 +55,4 @@ class TrainConfig:
     # seed + replicates - 1 (checkpoints/replicates/<run>-s<seed>); the run at `seed` stays the
     # one the tables show. The claims' between-run variance comes from them (1: none)
     replicates: int = spec(1, ge=1)
-    replicate_models: list[Literal["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"]] = spec([], unique=True)
+    replicate_models: list[str] = spec([], unique=True, registry=METHODS)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from tadm.config.fields import spec
 from tadm.errors import ConfigError
-from tadm.registry import SAMPLERS
+from tadm.registry import SAMPLERS, TABLE2_ROWS
 
 
 @dataclass
@@ -55,8 +55,7 @@ class SampleConfig:
     # the training replicates' draws (stage replicates): each row here is sampled from every
     # training replicate of its model (train.replicate_models) at every budget of replicate_steps
     # (a subset of steps: the findings' budgets), scored like Table 2's row
-    replicate_rows: list[Literal["remdm", "tadm", "tadm_gamma0", "mdlm", "mdlm_fb", "mdlm_dfm", "adlm", "sedd", "ar",
-                                 "tadm_nofusion"]] = spec([], unique=True)
+    replicate_rows: list[str] = spec([], unique=True, registry=TABLE2_ROWS)  # rows of the method units
     replicate_steps: list[int] = spec([], unique=True, ge=1)
 
     @property

@@ -52,6 +52,7 @@ from tadm.metrics.bootstrap import resamples, spread
 from tadm.models import load_pretrained
 from tadm.models.dit import ConditionEmbedder, DiTBlock
 from tadm.models.fusion import Fusion
+from tadm.registry import method_for
 from tadm.sampling import (AdaptiveDrift, ComputeCounter, FixedInterval, RefreshPolicy, SamplerSettings, make_adapter,
                            sample, sample_ar)
 from tadm.sampling.ar import ARSettings
@@ -99,12 +100,11 @@ def graphed_pieces(model) -> list:
     """The modules of `model` a sampling step calls with the same shapes every time (what
     runtime.cuda_graphs replays): every DiT block, TADM's fusion, the conditioning embedders,
     and ADLM's anchor head and input map (both on the whole canvas); not the LM heads that
-    project only the decoding rows (their row count changes from step to step)."""
+    project only the decoding rows (their row count changes from step to step); a method adds
+    its own (`Method.graphed_pieces`)."""
 
     pieces = [m for m in model.modules() if isinstance(m, (DiTBlock, Fusion, ConditionEmbedder))]
-    if model.model_type == "adlm":
-        pieces += [model.anchor_final, model.denoiser_in]
-    return pieces
+    return pieces + method_for(model.model_type).graphed_pieces(model)
 
 
 _NOTED: set[str] = set()
@@ -166,14 +166,15 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
     seeds = [batch_seed(params.seed, i) for i in range(len(sizes))]
     policy, autocast = None, network_autocast(d)
     with contextlib.ExitStack() as stack:
-        if model.model_type == "ar":
+        unit = method_for(model.model_type)
+        if unit.adapter is None:  # AR: its own loop
             settings: Any = ARSettings(bos_id, cfg.nucleus_p, params.seed, batch_size=cfg.batch_size, autocast=autocast)
 
             def one_batch(i: int):
                 return sample_ar(model, sizes[i], seq_len, bos_id=bos_id, nucleus_p=cfg.nucleus_p, seed=seeds[i],
                                  batch_size=sizes[i], autocast=autocast)
         else:
-            refresh = run.refresh_for(params, steps) if model.model_type == "tadm" else None
+            refresh = run.refresh_for(params, steps) if unit.refreshes else None
             policy = repr(refresh) if refresh is not None else None
             settings = sampler_settings(run, params, steps, autocast)
             adapter = stack.enter_context(make_adapter(model, refresh, bypass_fusion=run.bypass_fusion))

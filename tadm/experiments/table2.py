@@ -37,9 +37,8 @@ and scores as one process (`tadm.experiments.sampling`, `tadm.metrics.shards`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -47,30 +46,31 @@ from tadm.config import Params
 from tadm.experiments import worker
 from tadm.experiments.sampling import SampleRun, draw_samples, reusable_samples, save_samples, shared_record
 from tadm.io import atomic_path, atomic_write_json
+from tadm.methods import Row
+from tadm.registry import TABLE2_ROWS
 from tadm.metrics.scorer import REFERENCE_CACHE_FORMAT, Scorer, validation_tokens  # noqa: F401 - table2.Scorer as before
 
 
-@dataclass(frozen=True)
-class Row:
-    label: str
-    model: str | None  # the training run under models/; None: the Data row
-    sampler: str | None = None  # None: the profile's sample.sampler
-    bypass_fusion: bool = False  # TADM: the fusion ablation (SampleRun.bypass_fusion)
+class _Rows(Mapping[str, Row]):
+    """Table 2's rows: Data, then every method unit's rows (`Method.rows`), in registration order;
+    read when asked, so a unit registered later (a test's own method) has its rows here too."""
+
+    DATA = Row("data", "Data", None)
+
+    def _all(self) -> dict[str, Row]:
+        return {"data": self.DATA, **{name: TABLE2_ROWS[name] for name in TABLE2_ROWS.names()}}
+
+    def __getitem__(self, name: str) -> Row:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
-ROWS: dict[str, Row] = {
-    "data": Row("Data", None),
-    "ar": Row("AR", "ar", "ar"),
-    "sedd": Row("SEDD", "sedd", "sedd-analytic"),
-    "mdlm": Row("MDLM", "mdlm", "mdlm"),
-    "mdlm_fb": Row("MDLM+FB", "mdlm", "mdlm-fb"),
-    "mdlm_dfm": Row("MDLM+DFM", "mdlm", "mdlm-dfm"),
-    "remdm": Row("ReMDM", "mdlm", "remdm-loop"),
-    "adlm": Row("ADLM", "adlm", "remdm-loop"),
-    "tadm_gamma0": Row("TADM† (γ=0)", "tadm_gamma0", "remdm-loop"),
-    "tadm": Row("TADM‡ (γ=3e-3)", "tadm", "remdm-loop"),
-    "tadm_nofusion": Row("TADM‡, fusion bypassed", "tadm", "remdm-loop", bypass_fusion=True),
-}
+ROWS: Mapping[str, Row] = _Rows()
 
 
 def _job_scorer(p: Params, d, args: dict) -> Scorer:
@@ -154,7 +154,7 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
     if worker.needs_launch(params):
         return worker.launch("row", params, {"name": name, **scorer.worker_args(), "kwargs": kwargs})
     d = scorer.dist
-    row = ROWS[name] if name in ROWS else Row(name, name)
+    row = ROWS[name] if name in ROWS else Row(name, name, name)  # an unlisted run: its own label, default sampler
     bos_id = scorer.tokenizer.bos_token_id
     budgets = list(steps or params.sample.steps)
     out_dir = Path(samples_dir) / name

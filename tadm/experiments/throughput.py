@@ -141,6 +141,7 @@ from tadm.experiments import sampling
 from tadm.experiments.table2 import ROWS
 from tadm.io import atomic_write_json, atomic_write_text
 from tadm.metrics.bootstrap import paired_speedup, resamples, spread
+from tadm.registry import method_for
 
 FORMAT = 2
 OUT = Path("results/throughput.json")
@@ -222,7 +223,8 @@ def prepare(name: str, spec: sampling.SampleRun, model, params: Params, d: runti
     row = ROWS[name]
     info: dict[str, Any] = {"label": row.label, "model_dir": spec.model_dir, "policy": None,
                             "bypass_fusion": spec.bypass_fusion, "tokens": batch * L}
-    if model.model_type == "ar":
+    unit = method_for(model.model_type)
+    if unit.adapter is None:  # AR: its own loop, timed whole
         def draw():
             return sample_ar(model, batch, L, bos_id=bos_id, nucleus_p=cfg.nucleus_p, seed=seed, batch_size=batch,
                              autocast=autocast)
@@ -230,7 +232,7 @@ def prepare(name: str, spec: sampling.SampleRun, model, params: Params, d: runti
         info.update(sampler="ar", timed="draw", start_step=None, steps_timed=L - 1, trajectory_steps=L - 1, scale=1.0,
                     start_sha256=None, masked_at_start=None)
         return Timed(name, draw, info)
-    refresh = spec.refresh_for(params, T) if model.model_type == "tadm" else None
+    refresh = spec.refresh_for(params, T) if unit.refreshes else None
     settings = dataclasses.replace(sampling.sampler_settings(spec, params, T, autocast), seed=seed, batch_size=batch)
     s = int(start)
     with make_adapter(model, refresh, bypass_fusion=spec.bypass_fusion) as adapter:

@@ -6,7 +6,9 @@
     result.tokens, result.counters.layer_calls_per_trajectory, result.refresh_steps
 """
 
-from tadm.sampling.adapters import ADLMAdapter, Adapter, MDLMAdapter, SEDDAdapter, TADMAdapter, make_adapter
+from tadm.sampling.adapters import (
+    ADLMAdapter, Adapter, MDLMAdapter, SEDDAdapter, SingleNetworkAdapter, TADMAdapter, make_adapter,
+)
 from tadm.sampling.anchor_cache import (
     PAPER_REFRESH_SCHEDULE, AdaptiveDrift, AnchorCache, BudgetSchedule, FixedInterval, RefreshPolicy,
     StaleAnchorError,
@@ -23,7 +25,7 @@ from tadm.registry import SAMPLERS
 SAMPLER_NAMES = SAMPLERS.names()  # every sampler module above has registered its names
 
 __all__ = [
-    "Adapter", "MDLMAdapter", "ADLMAdapter", "TADMAdapter", "make_adapter",
+    "Adapter", "SingleNetworkAdapter", "MDLMAdapter", "ADLMAdapter", "TADMAdapter", "make_adapter",
     "PAPER_REFRESH_SCHEDULE", "AnchorCache", "RefreshPolicy", "FixedInterval", "BudgetSchedule",
     "AdaptiveDrift", "StaleAnchorError",
     "SAMPLER_NAMES", "SamplerSettings", "SampleResult", "Paused", "StepInfo", "Transition", "sample",

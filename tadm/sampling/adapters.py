@@ -9,6 +9,7 @@ The samplers only ever see these calls. An adapter wraps a loaded model, puts it
 owns the `ComputeCounter` that its hooks fill (only during the adapter's own calls), and keeps
 whatever state the model carries across steps:
 
+- `SingleNetworkAdapter`  any one-network model: hidden(z_t), then its head
 - `MDLMAdapter`   MDLM(z_t)                                            (12 denoiser layers)
 - `SEDDAdapter`   SEDD(z_t)    (its "analytic" sampler: tadm.sampling.sedd)
 - `ADLMAdapter`   anchor + denoiser every step (12 + 6 layers; the anchor's own head runs on
@@ -56,6 +57,7 @@ import torch
 from torch import Tensor
 
 from tadm.models import TadmModel
+from tadm.registry import method_for
 from tadm.sampling.anchor_cache import AnchorCache, FixedInterval, RefreshPolicy
 from tadm.sampling.counters import ComputeCounter, instrument
 
@@ -145,22 +147,23 @@ class Adapter(abc.ABC):
         self.close()
 
 
-class MDLMAdapter(Adapter):
+class SingleNetworkAdapter(Adapter):
+    """Any model that is one network over the canvas, ``model.hidden(z_t)`` then ``model.head``
+    (every layer booked as a denoiser layer); a new baseline of that shape uses it as it is."""
+
+    def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
+        return self.model.hidden(z_t)
+
+
+class MDLMAdapter(SingleNetworkAdapter):
     model_type = "mdlm"
 
-    def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
-        return self.model.hidden(z_t)
 
-
-class SEDDAdapter(Adapter):
-    """SEDD (absorbing): the same network as MDLM, so logits = SEDD(z_t) and the same counting
-    (all its layers booked as denoiser layers); use it with the "sedd-analytic" sampler.
-    `make_adapter` returns it for SEDD models; the sampler is "sedd-analytic" (or any MDLM one)."""
+class SEDDAdapter(SingleNetworkAdapter):
+    """SEDD (absorbing): the same network as MDLM, so logits = SEDD(z_t) and the same counting;
+    its sampler is "sedd-analytic" (or any MDLM one)."""
 
     model_type = "sedd"
-
-    def hidden(self, z_t: Tensor, step: int, t: float) -> Tensor:
-        return self.model.hidden(z_t)
 
 
 class ADLMAdapter(Adapter):
@@ -245,23 +248,8 @@ def _copy_cache(cache: AnchorCache) -> AnchorCache:
     return dataclasses.replace(cache, refresh_steps=list(cache.refresh_steps), served_ages=list(cache.served_ages))
 
 
-ADAPTERS: dict[str, type[Adapter]] = {"mdlm": MDLMAdapter, "adlm": ADLMAdapter, "tadm": TADMAdapter,
-                                      "sedd": SEDDAdapter}
-
-
 def make_adapter(model: TadmModel, refresh: RefreshPolicy | None = None, *, bypass_fusion: bool = False) -> Adapter:
-    """The adapter for a loaded model; `refresh` (TADM only) is its anchor refresh policy and
-    `bypass_fusion` (TADM only) samples D(h), the fusion skipped (`TADMAdapter`)."""
-    kind = model.model_type
-    if kind not in ADAPTERS:
-        raise ValueError(
-            f"no sampling adapter for model_type {kind!r} (have: {', '.join(ADAPTERS)}); "
-            "AR samples with its own loop, tadm.sampling.ar.sample_ar"
-        )
-    if kind == "tadm":
-        return TADMAdapter(model, refresh, bypass_fusion=bypass_fusion)
-    if bypass_fusion:
-        raise ValueError(f"bypass_fusion only applies to TADM, not to {kind!r}")
-    if refresh is not None:
-        raise ValueError(f"a refresh policy only applies to TADM, not to {kind!r}")
-    return ADAPTERS[kind](model)
+    """The adapter for a loaded model, as its method's unit makes it (tadm.methods:
+    `Method.adapter`); `refresh` (TADM only) is its anchor refresh policy and `bypass_fusion`
+    (TADM only) samples D(h), the fusion skipped (`TADMAdapter`)."""
+    return method_for(model.model_type).make_adapter(model, refresh, bypass_fusion=bypass_fusion)

@@ -1,1 +1,1 @@
-"""Training: one loop (`trainer`), one class per method (`methods`), checkpoints (`checkpoint`)."""
+"""Training: one loop (`trainer`), the objective of each method from its unit (`tadm.methods`), checkpoints (`checkpoint`)."""

@@ -48,7 +48,7 @@ from tadm.errors import ConfigError, TadmError
 from tadm.io import read_manifest, atomic_write_json, atomic_write_text, require_writable, sha256_file
 from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
 from tadm.train import checkpoint
-from tadm.train.methods import Method, get_method
+from tadm.methods import Method, get_method
 from tadm.train.divergence import FiniteWatch, check_value
 
 
@@ -272,7 +272,7 @@ def learning_rate(step: int, p: Params) -> float:
 
 # Source files whose change makes a checkpoint belong to another run (a resumed run must
 # continue exactly what it started: same objective, same architecture, same loop).
-CODE = ("train/trainer.py", "train/methods.py", "losses.py", "forward_process.py", "schedule.py", "models")
+CODE = ("train/trainer.py", "methods", "losses.py", "forward_process.py", "schedule.py", "models")
 
 
 def code_hash() -> str:
@@ -283,21 +283,18 @@ def code_hash() -> str:
 
 # train keys that do not change what is optimised: a checkpoint resumes across changes of them.
 # train.steps: the warm-up schedule is constant after warm-up, so extending a run is exact --
-# except for the model types in STEPS_IN_OBJECTIVE. (train.precision stays: bf16 autocast
+# except for the methods whose objective reads it (Method.steps_in_objective). (train.precision stays: bf16 autocast
 # changes the trajectory; the runtime section -- device, precision of inference, tf32, nproc,
 # compile -- is not part of a run's identity at all.)
 NOT_FINGERPRINTED = ("models", "steps", "log_every", "eval_every", "eval_sequences", "checkpoint_every", "replicates",
                      "replicate_models")  # which runs train, not how one does
-# ADLM's anchor weight ramps with the fraction of train.steps done (methods.py: progress =
-# step / train.steps), so for it train.steps is part of the objective
-STEPS_IN_OBJECTIVE = ("adlm",)
 
 
 def run_settings(name: str, p: Params, data_manifest: Path, method: Method | None = None) -> dict:
     """What defines a run's trajectory: the method, the model, the training knobs that change
     the objective, the seed, the data and the code (recorded in every checkpoint)."""
-    model_type = method.model_type if method is not None else get_method(name, p).model_type
-    steps_matter = model_type in STEPS_IN_OBJECTIVE or p.train.schedule != "constant"  # a decay ends at train.steps
+    method = method if method is not None else get_method(name, p)
+    steps_matter = method.steps_in_objective or p.train.schedule != "constant"  # a decay ends at train.steps
     train = {k: v for k, v in dataclasses.asdict(p.train).items()
              if k not in NOT_FINGERPRINTED or (k == "steps" and steps_matter)}
     return {"name": name, "seed": p.seed, "model": dataclasses.asdict(p.model), "train": train,

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 from tadm import config, losses
 from tadm.models import load_pretrained
 from tadm.train import trainer
-from tadm.train.methods import get_method
+from tadm.methods import get_method
 from tests.conftest import micro_raw, torch_single_thread
 
 single_thread = pytest.fixture(autouse=True, scope="module", name="single_thread")(torch_single_thread)

@@ -5,7 +5,7 @@ import torch
 from tadm import config
 from tadm.forward_process import sample_times, stale_pair
 from tadm.losses import anchor_cross_entropy, mdlm_nelbo, subs_log_probs
-from tadm.train.methods import EPS, get_method
+from tadm.methods import EPS, get_method
 from tests.conftest import micro_raw
 
 V, L, B = 40, 16, 4

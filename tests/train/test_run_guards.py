@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from tadm import config
 from tadm.train import checkpoint as ck
-from tadm.train import methods
+from tadm import methods
 from tadm.train.divergence import Diverged, FiniteWatch, first_non_finite
 from tadm.train.trainer import train
 from tests.conftest import micro_raw, torch_single_thread, write_params

@@ -62,7 +62,7 @@ def test_every_method_trains_and_saves_a_loadable_model(run, micro_packed, tmp_p
     if run == "tadm_gamma0":  # gamma = 0: the anchor head never moves from its initialisation
         ck = load_file(str(tmp_path / "checkpoints/tadm_gamma0/step_000004/model.safetensors"))
         torch.manual_seed(0)
-        from tadm.train.methods import get_method
+        from tadm.methods import get_method
         from tadm.train.trainer import _seed
 
         torch.manual_seed(_seed(p.seed, 0x1417))

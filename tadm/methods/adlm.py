@@ -1,0 +1,60 @@
+"""ADLM (Rout et al., 2025): an anchor network predicts important tokens, its distribution feeds
+a denoiser; both run at every step. The loss is the denoiser's NELBO + gamma (ramped) x the anchor
+loss on important tokens; the validation bound is the denoiser's NELBO."""
+
+from __future__ import annotations
+
+from tadm import compute, memory_estimate as mem
+from tadm.losses import adlm_anchor_readout, nelbo_from_rows, subs_readout
+from tadm.methods.base import Method, Row
+from tadm.models.adlm import ADLM
+from tadm.sampling.adapters import ADLMAdapter
+
+# ADLM's anchor weight as released (LituRout/ADLM, adlm_diffusion.py: gamma = min(3e-3,
+# global_step / max_steps * 1.0)): it grows as the fraction of training done and is capped at
+# train.gamma, so it reaches 3e-3 after 0.3 % of the steps
+ADLM_RAMP_SLOPE = 1.0
+
+
+class ADLMMethod(Method):
+    names = ("adlm",)
+    model = ADLM
+    adapter = ADLMAdapter
+    steps_in_objective = True  # the ramp reads step / train.steps
+    heads = 2  # the anchor's and the denoiser's
+    rows = (Row("adlm", "ADLM", "adlm", "remdm-loop"),)
+
+    def _terms(self, model, x, gen):
+        t, z_t = self._noised(x, gen)
+        ce, anchor_logits = model(z_t, readout=subs_readout(z_t, x, self.mask_id))
+        return nelbo_from_rows(ce, t, self.schedule), anchor_logits, z_t, t
+
+    def loss(self, model, x, gen, progress=1.0):
+        nelbo, anchor_logits, z_t, t = self._terms(model, x, gen)
+        gamma = min(self.p.train.gamma, ADLM_RAMP_SLOPE * progress)
+        anchor_ce = adlm_anchor_readout(z_t, x, self.mask_id)(anchor_logits)
+        return nelbo + gamma * nelbo_from_rows(anchor_ce, t, self.schedule)
+
+    def nelbo(self, model, x, gen):
+        return self._terms(model, x, gen)[0]
+
+    @classmethod
+    def graphed_pieces(cls, model):
+        return [model.anchor_final, model.denoiser_in]  # the anchor's head and the input map, on the whole canvas
+
+    @classmethod
+    def layers(cls, m):
+        return m.anchor_layers + m.denoiser_layers
+
+    @classmethod
+    def parameters(cls, name, m, vocab_size):
+        d, v = m.d_model, cls.vocabulary(vocab_size)
+        return 2 * v * d + cls.layers(m) * mem.block_parameters(d, m.mlp_ratio) + 2 * mem.head_parameters(d, v) \
+            + 2 * mem.COND_PARAMS + d  # the second V' d (+ d): Linear(V', d) reading the anchor's logits
+
+    @classmethod
+    def forward_flops(cls, name, cfg, vocab_size, seq_len, head_rows):
+        # anchor + its head on every row + input map V+1 -> d + denoiser + its head on the rows
+        head = compute.lm_head_flops(cfg.d_model, vocab_size + 1)
+        return cls.layers(cfg) * compute.dit_block_flops(cfg.d_model, seq_len, cfg.mlp_ratio) + head \
+            + compute.dense_flops(vocab_size + 1, cfg.d_model) + head * head_rows

@@ -1,0 +1,155 @@
+"""A method of Table 2 is one unit: everything the pipeline asks of it, in one subclass.
+
+A unit names its runs (the values of ``train.models``), its network (a `TadmModel` subclass,
+``model_type``), its training objective (``loss`` / ``nelbo``), its sampling adapter, its FLOP
+and memory formulas, the pieces a CUDA graph may replay, and its rows of Table 2. Defining the
+subclass registers it (`tadm.registry.METHODS`, under every name of ``names``); the trainer, the
+samplers, Table 2, the memory check and MFU then find it by name. A baseline in one file::
+
+    # tadm/methods/mybaseline.py, imported by tadm/methods/__init__.py (its one registry line)
+    class MyModel(TadmModel):              # or a model of tadm.models
+        model_type = "mybaseline"
+        ...                                # hidden(z_t) -> (B, L, d), head(hidden) -> logits
+
+    class MyBaseline(Method):
+        names = ("mybaseline",)            # train.models may now list it
+        model = MyModel
+        adapter = SingleNetworkAdapter     # how a sampler calls it (tadm.sampling.adapters)
+        rows = (Row("mybaseline", "My baseline", "mybaseline", "remdm-loop"),)   # Table 2
+
+        def nelbo(self, model, x, gen):    # (B,) nats per sequence
+            t, z_t = self._noised(x, gen)
+            return nelbo_from_rows(model(z_t, readout=subs_readout(z_t, x, self.mask_id)), t, self.schedule)
+
+and its params entries (``train.models``, the ``dvc.yaml`` sample rows). The defaults below are
+those of a single-network masked diffusion model (MDLM); a unit overrides what differs.
+``tests/methods/test_toy_method.py`` runs such a unit, defined in the test file, through
+training, sampling and Table 2 on the micro profile (docs/extending.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from tadm import compute, memory_estimate as mem
+from tadm.config import ModelConfig, Params
+from tadm.forward_process import mask_tokens, sample_times
+from tadm.models.base import TadmModel
+from tadm.registry import METHODS, TABLE2_ROWS
+from tadm.schedule import LogLinearSchedule
+
+EPS = 1e-3  # MDLM's schedule / time-sampling epsilon
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of Table 2: a trained run (`model`, a name of train.models) and how it is sampled."""
+
+    name: str  # the row's key (sample.replicate_rows, dvc.yaml's sample stages, the results' "row")
+    label: str  # as the table prints it
+    model: str | None  # the training run under models/; None: the Data row
+    sampler: str | None = None  # None: the profile's sample.sampler
+    bypass_fusion: bool = False  # TADM: the fusion ablation (SampleRun.bypass_fusion)
+
+
+class Method:
+    """Training objective and description of one method (module docstring).
+
+    An instance is the objective of one run: ``Method(name, params)``; ``build_model`` makes its
+    network, ``loss`` is what training optimises and ``nelbo`` the validation bound, both (B,)
+    nats per sequence. The class-level hooks (``forward_flops``, ``parameters``, ...) need no
+    instance: the memory check and MFU ask them before anything is built.
+    """
+
+    names: ClassVar[tuple[str, ...]] = ()  # run names of train.models this unit trains
+    model: ClassVar[type[TadmModel]]  # its network
+    adapter: ClassVar[type | None] = None  # sampling adapter class; None: its own sampling loop (AR)
+    refreshes: ClassVar[bool] = False  # samples with an anchor refresh policy (sample.budgets' K)
+    steps_in_objective: ClassVar[bool] = False  # loss depends on train.steps (progress = step / steps)
+    masked: ClassVar[bool] = True  # absorbing-state model: vocabulary + the mask token
+    heads: ClassVar[int] = 1  # output heads (memory: each keeps its logits for backward)
+    rows: ClassVar[tuple[Row, ...]] = ()  # its rows of Table 2, in the table's order
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in cls.__dict__.get("names", ()):
+            METHODS.register(name, cls)
+        for row in cls.__dict__.get("rows", ()):
+            TABLE2_ROWS.register(row.name, row)
+
+    # ------------------------------------------------------------------ training objective
+
+    def __init__(self, name: str, p: Params):
+        self.name, self.p = name, p
+        self.schedule = LogLinearSchedule(EPS)
+
+    @property
+    def model_type(self) -> str:
+        return self.model.model_type
+
+    def build_model(self, vocab_size: int, seq_len: int) -> TadmModel:
+        self.mask_id = vocab_size
+        return self.model(self.p.model, vocab_size, seq_len)
+
+    def _noised(self, x: torch.Tensor, gen: torch.Generator):
+        t = sample_times(x.shape[0], EPS, True, gen, x.device)
+        z_t = mask_tokens(x, self.schedule.alpha(t), self.mask_id, gen)
+        return t, z_t
+
+    def loss(self, model, x: torch.Tensor, gen: torch.Generator, progress: float = 1.0) -> torch.Tensor:
+        """What training optimises, (B,); `progress` = step / train.steps."""
+        return self.nelbo(model, x, gen)
+
+    def nelbo(self, model, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """The validation bound, (B,) nats per sequence."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ sampling
+
+    @classmethod
+    def make_adapter(cls, model: TadmModel, refresh=None, bypass_fusion: bool = False):
+        """The sampling adapter of a loaded `model` (tadm.sampling.make_adapter)."""
+        if cls.adapter is None:
+            raise ValueError(f"no sampling adapter for model_type {model.model_type!r}; "
+                             "AR samples with its own loop, tadm.sampling.ar.sample_ar")
+        if bypass_fusion:
+            raise ValueError(f"bypass_fusion only applies to TADM, not to {model.model_type!r}")
+        if refresh is not None:
+            raise ValueError(f"a refresh policy only applies to TADM, not to {model.model_type!r}")
+        return cls.adapter(model)
+
+    @classmethod
+    def graphed_pieces(cls, model: TadmModel) -> list:
+        """Modules besides the DiT blocks, fusion and conditioning embedders that a sampling step
+        calls with the same shapes every time (runtime.cuda_graphs)."""
+        return []
+
+    # ------------------------------------------------------------------ compute and memory
+
+    @classmethod
+    def layers(cls, m: ModelConfig) -> int:
+        """Transformer layers of the network."""
+        return m.mdlm_layers
+
+    @classmethod
+    def vocabulary(cls, vocab_size: int) -> int:
+        """Rows of the embedding and columns of the head: V + 1 with the mask token."""
+        return vocab_size + 1 if cls.masked else vocab_size
+
+    @classmethod
+    def parameters(cls, name: str, m: ModelConfig, vocab_size: int) -> int:
+        """Parameter count of run `name` (tadm.memory_estimate's formulas; tests compare with the model)."""
+        v = cls.vocabulary(vocab_size)
+        return v * m.d_model + cls.layers(m) * mem.block_parameters(m.d_model, m.mlp_ratio) \
+            + mem.head_parameters(m.d_model, v) + mem.COND_PARAMS
+
+    @classmethod
+    def forward_flops(cls, name: str, cfg: ModelConfig, vocab_size: int, seq_len: int, head_rows: float) -> float:
+        """Model forward FLOPs per token of one training pass (tadm.compute.train_forward_flops):
+        the network, and its LM head on the `head_rows` fraction of positions it projects."""
+        return cls.layers(cfg) * compute.dit_block_flops(cfg.d_model, seq_len, cfg.mlp_ratio) \
+            + compute.lm_head_flops(cfg.d_model, vocab_size + 1) * head_rows
+

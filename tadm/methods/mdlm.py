@@ -1,0 +1,27 @@
+"""MDLM (Sahoo et al., 2024): one bidirectional network, the continuous-time NELBO with the SUBS
+parameterisation. Its trained network also serves the ReMDM, MDLM+FB and MDLM+DFM rows, which
+differ only in the sampler."""
+
+from __future__ import annotations
+
+from tadm.losses import nelbo_from_rows, subs_readout
+from tadm.methods.base import Method, Row
+from tadm.models.mdlm import MDLM
+from tadm.sampling.adapters import MDLMAdapter
+
+
+class MDLMMethod(Method):
+    names = ("mdlm",)
+    model = MDLM
+    adapter = MDLMAdapter
+    rows = (
+        Row("mdlm", "MDLM", "mdlm", "mdlm"),
+        Row("mdlm_fb", "MDLM+FB", "mdlm", "mdlm-fb"),
+        Row("mdlm_dfm", "MDLM+DFM", "mdlm", "mdlm-dfm"),
+        Row("remdm", "ReMDM", "mdlm", "remdm-loop"),
+    )
+
+    def nelbo(self, model, x, gen):
+        t, z_t = self._noised(x, gen)
+        ce = model(z_t, readout=subs_readout(z_t, x, self.mask_id))  # (B,) summed over masked rows
+        return nelbo_from_rows(ce, t, self.schedule)

@@ -1,0 +1,20 @@
+"""SEDD, absorbing (Lou et al., 2024): MDLM's network trained with the score-entropy loss (itself
+an upper bound on the NLL), sampled with its analytic sampler."""
+
+from __future__ import annotations
+
+from tadm.losses import sedd_readout, sedd_score_entropy_rows
+from tadm.methods.base import Method, Row
+from tadm.models.sedd import SEDD
+from tadm.sampling.adapters import SEDDAdapter
+
+
+class SEDDMethod(Method):
+    names = ("sedd",)
+    model = SEDD
+    adapter = SEDDAdapter
+    rows = (Row("sedd", "SEDD", "sedd", "sedd-analytic"),)
+
+    def nelbo(self, model, x, gen):
+        t, z_t = self._noised(x, gen)
+        return sedd_score_entropy_rows(model(z_t, readout=sedd_readout(z_t, x, self.mask_id)), t, self.schedule)

@@ -1,0 +1,82 @@
+"""TADM:Pretraining (the paper): an expensive anchor A whose latent is cached and reused for K
+steps, the shared network S (the token embedding), the fusion Phi and the denoiser D every step.
+
+Two runs: TADM‡ ("tadm", gamma = train.gamma) and TADM† ("tadm_gamma0", gamma = 0: the
+training-only anchor head is frozen, nothing ever updates it). The loss is the T-ANELBO on a
+stale-anchor pair (t, t'); the validation bound is the NELBO with a fresh anchor (k = 0).
+Sampling is Alg. 1 (`TADMAdapter`), with the refresh policy of sample.budgets' K.
+"""
+
+from __future__ import annotations
+
+from tadm import compute, memory_estimate as mem
+from tadm.forward_process import sample_times, stale_pair
+from tadm.losses import nelbo_from_rows, subs_readout, t_anelbo_rows
+from tadm.methods.base import EPS, Method, Row
+from tadm.models.tadm import TADM
+from tadm.sampling.adapters import TADMAdapter
+
+GAMMA0_RUNS = ("tadm_gamma0",)  # runs that train without the anchor loss (TADM†)
+
+
+class TADMMethod(Method):
+    names = ("tadm", "tadm_gamma0")
+    model = TADM
+    adapter = TADMAdapter
+    refreshes = True
+    heads = 2  # the denoiser's and the training-only anchor head
+    rows = (
+        Row("tadm_gamma0", "TADM† (γ=0)", "tadm_gamma0", "remdm-loop"),
+        Row("tadm", "TADM‡ (γ=3e-3)", "tadm", "remdm-loop"),
+        Row("tadm_nofusion", "TADM‡, fusion bypassed", "tadm", "remdm-loop", bypass_fusion=True),
+    )
+
+    def __init__(self, name, p):
+        super().__init__(name, p)
+        self.gamma = 0.0 if name in GAMMA0_RUNS else p.train.gamma
+
+    def build_model(self, vocab_size, seq_len):
+        model = super().build_model(vocab_size, seq_len)
+        if self.gamma == 0:  # TADM-dagger: the anchor head is never trained
+            model.anchor_head.requires_grad_(False)
+        return model
+
+    def loss(self, model, x, gen, progress=1.0):
+        t = sample_times(x.shape[0], EPS, True, gen, x.device)
+        pair = stale_pair(x, t, self.schedule, self.mask_id, self.p.train.refresh_choices,
+                          self.p.train.budget_choices, gen)
+        readout = subs_readout(pair.z_t, x, self.mask_id)
+        if self.gamma > 0:  # the anchor head scores the rows masked in z_t'
+            ce, anchor_ce = model(pair.z_t, pair.z_tprime, readout=readout,
+                                  anchor_readout=subs_readout(pair.z_tprime, x, self.mask_id))
+        else:
+            ce, anchor_ce = model(pair.z_t, pair.z_tprime, readout=readout), None
+        total, _ = t_anelbo_rows(ce, anchor_ce, pair, self.schedule, self.gamma)
+        return total
+
+    def nelbo(self, model, x, gen):
+        t, z_t = self._noised(x, gen)
+        ce = model(z_t, z_t, readout=subs_readout(z_t, x, self.mask_id))  # fresh anchor: cache age 0
+        return nelbo_from_rows(ce, t, self.schedule)
+
+    @classmethod
+    def make_adapter(cls, model, refresh=None, bypass_fusion=False):
+        return TADMAdapter(model, refresh, bypass_fusion=bypass_fusion)
+
+    @classmethod
+    def layers(cls, m):
+        return m.anchor_layers + m.denoiser_layers
+
+    @classmethod
+    def parameters(cls, name, m, vocab_size):
+        d, v = m.d_model, cls.vocabulary(vocab_size)
+        return v * d + cls.layers(m) * mem.block_parameters(d, m.mlp_ratio) + 2 * mem.head_parameters(d, v) \
+            + 2 * mem.COND_PARAMS + mem.fusion_parameters(d)
+
+    @classmethod
+    def forward_flops(cls, name, cfg, vocab_size, seq_len, head_rows):
+        # stale anchor + fusion + denoiser (+ the anchor head when gamma > 0)
+        head = compute.lm_head_flops(cfg.d_model, vocab_size + 1)
+        anchor_head = 0.0 if name in GAMMA0_RUNS else head * head_rows
+        return cls.layers(cfg) * compute.dit_block_flops(cfg.d_model, seq_len, cfg.mlp_ratio) \
+            + compute.fusion_flops(cfg.d_model) + head * head_rows + anchor_head

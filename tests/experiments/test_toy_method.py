@@ -1,0 +1,126 @@
+"""A Table 2 baseline is one unit (tadm.methods): a method defined in this file -- its network, its
+objective, its Table 2 row -- trains, samples and is scored by Table 2 on the micro profile
+without a line of the library changed (docs/extending.md, "A baseline")."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tadm import compute, config, memory_estimate, runtime
+from tadm.data.tokenizer import load_tokenizer
+from tadm.errors import ConfigError
+from tadm.experiments import sampling, table2
+from tadm.losses import nelbo_from_rows, subs_readout
+from tadm.methods import Method, Row, get_method
+from tadm.models import MODEL_REGISTRY, count_parameters, load_pretrained
+from tadm.models.base import TadmModel
+from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
+from tadm.registry import METHODS, TABLE2_ROWS
+from tadm.sampling import SingleNetworkAdapter, make_adapter
+from tadm.train.trainer import train
+from tests.experiments.conftest import table2_raw
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """The unit, defined (and so registered) here; removed again when the module is done."""
+
+    class OneBlock(TadmModel):
+        """A one-block masked diffusion network, whatever model.mdlm_layers says."""
+
+        model_type = "toy"
+
+        def __init__(self, cfg, vocab_size, seq_len):
+            super().__init__(cfg, vocab_size, seq_len)
+            self.embed = token_embedding(vocab_size + 1, cfg.d_model)
+            self.cond = ConditionEmbedder()
+            self.mixer = DiTStack(1, cfg.d_model, cfg.n_heads, cfg.mlp_ratio)
+            self.final = DiTFinalLayer(cfg.d_model, vocab_size + 1)
+
+        def hidden(self, z_t):
+            return self.mixer(self.embed(z_t), self.cond())  # (B, L, d)
+
+        def head(self, x):
+            return self.final(x, self.cond())  # (..., V+1)
+
+        def forward(self, z_t, readout=None):
+            h = self.hidden(z_t)
+            return self.head(h) if readout is None else readout(h, self.head)
+
+    class Toy(Method):
+        """Trained on the masked tokens' cross-entropy without the NELBO's 1/t weight; validated
+        on the NELBO like every method."""
+
+        names = ("toy",)
+        model = OneBlock
+        adapter = SingleNetworkAdapter  # one network: hidden(z_t), then its head
+        rows = (Row("toy", "Toy (one block)", "toy", "mdlm"),)
+
+        def loss(self, model, x, gen, progress=1.0):
+            _, z_t = self._noised(x, gen)
+            return model(z_t, readout=subs_readout(z_t, x, self.mask_id))  # (B,) summed CE
+
+        def nelbo(self, model, x, gen):
+            t, z_t = self._noised(x, gen)
+            return nelbo_from_rows(model(z_t, readout=subs_readout(z_t, x, self.mask_id)), t, self.schedule)
+
+        @classmethod
+        def layers(cls, m):
+            return 1
+
+    yield Toy
+    METHODS.unregister("toy")
+    TABLE2_ROWS.unregister("toy")
+    MODEL_REGISTRY.pop("toy")
+
+
+def test_a_method_defined_in_a_test_file_trains_samples_and_is_scored(toy, micro_packed, evaluator_dir, tmp_path):
+    raw = table2_raw(tmp_path, evaluator_dir, **{"train.models": ["toy"], "train.replicate_models": ["toy"],
+                                                 "sample.replicate_rows": ["toy"],
+                                                 "sample.budgets": [{"T": 8, "K": 4}], "sample.replicate_steps": [8]})
+    p = config.from_dict(raw)  # train.models and sample.replicate_rows accept the registered names
+    assert "toy" in table2.ROWS and table2.ROWS["toy"].label == "Toy (one block)"
+
+    # training: the trainer knows the unit only by name
+    summary = train("toy", p, data_dir=micro_packed, root=tmp_path, log=lambda *_: None)
+    assert summary["steps"] == p.train.steps
+    model = load_pretrained(tmp_path / "models" / "toy")
+    assert type(model) is toy.model and len(list(model.mixer.children())) == 1
+    assert summary["model_type"] == "toy" and np.isfinite(summary["val_nelbo"])
+    assert summary["val_nelbo"] < summary["val_nelbo_init"]  # it learned something in the micro steps
+    assert json.loads((tmp_path / "metrics" / "train" / "toy.json").read_text()) == summary
+
+    # its formulas: the memory check's parameter count is the network's, MFU's FLOPs use its one block
+    V, L = model.vocab_size, model.seq_len
+    assert memory_estimate.model_parameters("toy", p.model, V) == count_parameters(model)
+    blk = compute.dit_block_flops(p.model.d_model, L, p.model.mlp_ratio)
+    assert compute.train_forward_flops("toy", p.model, V, L, head_rows=0.5) == pytest.approx(
+        blk + 0.5 * compute.lm_head_flops(p.model.d_model, V + 1))
+
+    # sampling through its adapter, and Table 2's row scored like any other
+    assert isinstance(make_adapter(model), SingleNetworkAdapter)
+    assert sampling.graphed_pieces(model) == [m for m in model.modules()
+                                              if type(m).__name__ in ("DiTBlock", "ConditionEmbedder")]
+    scorer = table2.Scorer(p, load_tokenizer(micro_packed.parent / "tokenizer"), micro_packed, dist=runtime.Dist())
+    result = table2.run_row("toy", p, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "samples")
+    assert result["label"] == "Toy (one block)"
+    scored = result["budgets"]["8"]
+    assert np.isfinite(scored["gen_ppl"]) and 0 < scored["mauve"] <= 1
+    tokens = np.load(tmp_path / "samples" / "toy" / "T8.npy")
+    assert tokens.shape == (p.sample.num_samples, L) and tokens.max() < V  # every position decoded
+
+
+def test_an_unregistered_name_is_refused_with_the_registered_ones(toy, tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.models\[0\]: no method 'nope' is registered \(known: .*toy"):
+        config.from_dict(table2_raw(tmp_path, tmp_path, **{"train.models": ["nope"]}))
+    with pytest.raises(ConfigError, match=r"sample\.replicate_rows\[0\]: no Table 2 row 'nope' is registered"):
+        config.from_dict(table2_raw(tmp_path, tmp_path, **{"sample.replicate_rows": ["nope"]}))
+    p = config.from_dict(table2_raw(tmp_path, tmp_path))
+    with pytest.raises(ConfigError, match=r"train\.models: unknown run 'nope'"):
+        get_method("nope", p)
+    with torch.device("meta"):
+        assert get_method("toy", p).build_model(10, 8).model_type == "toy"

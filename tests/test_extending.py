@@ -9,6 +9,7 @@ import pytest
 
 from tadm.config import ROOT
 from tadm.registry import SAMPLERS
+from tests.experiments.conftest import evaluator_dir, table2_raw  # noqa: F401 - evaluator_dir: a fixture
 from tests.experiments.test_claims import run_dir  # noqa: F401 - the synthetic run, a fixture
 from tests.sampling.conftest import random_model
 
@@ -28,7 +29,7 @@ def section_code(title: str) -> str:
 
 def test_sections_have_their_examples():
     titles = re.findall(r"^## (.+)$", PAGE.read_text(), flags=re.M)
-    assert titles[:3] == ["A sampler", "A sampling budget", "A claim"]
+    assert titles[:4] == ["A sampler", "A sampling budget", "A baseline", "A claim"]
 
 
 @pytest.fixture
@@ -49,6 +50,37 @@ def test_a_sampling_budget():
     namespace: dict = {}
     exec(compile(section_code("A sampling budget"), str(PAGE), "exec"), namespace)
     assert namespace["params"].sample.refresh_for(128) == 4
+
+
+@pytest.fixture
+def unregister_plain():
+    yield
+    from tadm.models import MODEL_REGISTRY
+    from tadm.registry import METHODS, TABLE2_ROWS
+
+    for registry in (METHODS, TABLE2_ROWS):
+        if "mdlm_plain" in registry._units:
+            registry.unregister("mdlm_plain")
+    MODEL_REGISTRY.pop("mdlm_plain", None)
+
+
+def test_a_baseline(unregister_plain, micro_packed, evaluator_dir, tmp_path):  # noqa: F811 - fixtures
+    from tadm import config, runtime
+    from tadm.data.tokenizer import load_tokenizer
+    from tadm.experiments.table2 import Scorer
+    from tadm.models import load_pretrained
+    from tadm.registry import METHODS
+
+    params = config.from_dict(table2_raw(tmp_path, evaluator_dir))
+    scorer = Scorer(params, load_tokenizer(micro_packed.parent / "tokenizer"), micro_packed, dist=runtime.Dist())
+    namespace = {"params": params, "data_dir": micro_packed, "root": tmp_path, "scorer": scorer}
+    exec(compile(section_code("A baseline"), str(PAGE), "exec"), namespace)
+    assert METHODS["mdlm_plain"] is namespace["PlainCrossEntropy"]
+    assert namespace["summary"]["val_nelbo"] < namespace["summary"]["val_nelbo_init"]
+    assert type(load_pretrained(tmp_path / "models" / "mdlm_plain")) is namespace["PlainMDLM"]
+    assert (tmp_path / "samples" / "mdlm_plain" / "T8.npy").is_file()
+    with pytest.raises(config.ConfigError, match=r"train\.models\[0\]: no method 'mdlm_pain' is registered"):
+        config.override(params, {"train.models": ["mdlm_pain"]})
 
 
 def test_a_claim(run_dir):  # noqa: F811 - the fixture imported above

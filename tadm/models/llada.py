@@ -16,8 +16,7 @@ rotation, base ``rope_theta``, in float32 when ``rope_full_precision``), grouped
 Padding, as the current release: ``model(ids, attention_mask=m)`` with ``m`` (B, L), 1 at a real
 token and 0 at a pad, keeps every query from attending to a pad key (a key-padding mask; the
 pad positions' own outputs are computed but meaningless). The release's ``modeling_llada.py``
-(since ML-GSAI/LLaDA issue #90 and hub discussion #13; read in public copies of the hub file)
-turns such a mask into an additive
+(the hub file's current version) turns such a mask into an additive
 bias of the dtype's minimum on the pad keys, and only when the mask has a zero: a mask of all
 ones, like no mask, runs the unmasked attention (here too: bit-identical to ``attention_mask=None``);
 its ``generate.py`` passes the tokenizer's mask of a left-padded batch, extended with ones over the

@@ -239,6 +239,7 @@ def table2_quality(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
     T = inp.budget(e.budget)
     c.rests_on = tuple(sorted({ROW_MODEL[a_row], ROW_MODEL[b_row]}))
     c.extra["separately_trained"] = ROW_MODEL[a_row] != ROW_MODEL[b_row]
+    c.extra["compared"] = {"rows": (a_row, b_row), "T": T, "metric": e.metric}  # what the preconditions check
     got = _replicated(inp, e.metric, a_row, b_row, T)
     if not got:
         return

@@ -12,13 +12,21 @@ from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import usable
 
 
-def _genppl_cells(inp: Inputs) -> dict[str, float]:
+def _compared(findings: list[Claim]) -> list[tuple[str, int]]:
+    """(row, T) of every Table 2 row the `findings` compare, in the order they first name them."""
+    cells = (((row, c.extra["compared"]["T"]) for row in c.extra["compared"]["rows"])
+             for c in findings if "compared" in c.extra)
+    return list(dict.fromkeys(cell for pair in cells for cell in pair))
+
+
+def _genppl_cells(inp: Inputs, findings: list[Claim]) -> dict[str, float]:
     """Gen PPL of every cell a Gen PPL finding judges (with its training replicates), by name."""
     out = {}
-    T2 = inp.budget(2)
-    for row in ("tadm", "remdm", "tadm_gamma0"):
-        for seed, d in inp.draws(row, T2).items():
-            out[f"{row} s{seed}"] = math.exp(float(np.sum(d["nll"]) / np.sum(d["tokens"])))
+    cells = _compared([c for c in findings if c.judged_by == "gen_ppl"])
+    several = len({T for _, T in cells}) > 1
+    for row, T in cells:
+        for seed, d in inp.draws(row, T).items():
+            out[f"{row} s{seed}" + (f" T{T}" if several else "")] = math.exp(float(np.sum(d["nll"]) / np.sum(d["tokens"])))
     for r in inp.sweep:
         for T, m in r["budgets"].items():
             if usable(m.get("gen_ppl")):
@@ -75,7 +83,7 @@ def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
                             "wanted": e["sanity_thresholds"][k], "passed": e["sanity_passed"][k],
                             "gates": judged(("mauve",) if k.startswith("mauve") else ("gen_ppl",))})
         shuffled = sanity.get("gen_ppl_shuffled")
-        cells = _genppl_cells(inp)
+        cells = _genppl_cells(inp, findings)
         if usable(shuffled) and cells:
             top = max(cells, key=cells.get)
             out.append({"check": "judge: word-shuffled held-out text scores a higher Gen PPL than every row a Gen PPL "
@@ -86,11 +94,16 @@ def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
     separate = [c for c in findings if c.extra.get("separately_trained")]
     if separate:
         p = inp.params
-        T2 = inp.budget(2)
-        counts = {row: len(inp.draws(row, T2)) for row in ("remdm", "tadm", "tadm_gamma0")}
-        pools = {m: inp.pool(m, T2) for m in ("mauve", "log_ppl")} if T2 else {}
+        cells = sorted(_compared(separate), key=lambda cell: (cell[1] is None, cell[1] or 0, cell[0]))
+        budgets = list(dict.fromkeys(T for _, T in cells))
+        several = len(budgets) > 1
+        counts = {f"{r}" + (f" (T = {T})" if several else ""): len(inp.draws(r, T)) for r, T in cells}
+        metrics = dict.fromkeys(c.extra["compared"]["metric"] for c in separate if "compared" in c.extra)
+        pools = {(f"{m} (T = {T})" if several else m): inp.pool(m, T) for T in budgets for m in metrics} \
+            if None not in budgets else {}
         ok = all(n >= 2 for n in counts.values()) and all(pools.values())
-        shown = ", ".join(f"{r} {n}" for r, n in counts.items()) + f" training runs at T = {T2}"
+        shown = ", ".join(f"{r} {n}" for r, n in counts.items()) + " training runs" + (
+            "" if several else f" at T = {budgets[0]}")
         if ok:
             shown += "; between-run sd " + ", ".join(f"{m} {v.sd_between:.3f} ({v.df} df)" for m, v in pools.items())
         out.append({"check": "training variance: every compared model trained and drawn at least twice "

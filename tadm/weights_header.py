@@ -20,7 +20,6 @@ Any problem is one line (``DataError`` or the caller's subclass) naming the file
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass, field

@@ -48,7 +48,7 @@ from tadm.experiments.sampling import SampleRun, draw_samples, reusable_samples,
 from tadm.io import atomic_path, atomic_write_json
 from tadm.methods import Row
 from tadm.registry import TABLE2_ROWS
-from tadm.metrics.scorer import REFERENCE_CACHE_FORMAT, Scorer, validation_tokens  # noqa: F401 - table2.Scorer as before
+from tadm.metrics.scorer import Scorer, validation_tokens
 
 
 class _Rows(Mapping[str, Row]):

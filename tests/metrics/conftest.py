@@ -13,7 +13,6 @@ import random
 import time
 
 import pytest
-import torch
 
 from tests.conftest import save_tiny_gpt2, torch_single_thread
 

@@ -6,7 +6,6 @@ non-finite weights. A model that cannot fit is refused before anything is alloca
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -72,6 +72,9 @@ def _label(unit: Any) -> str:
 SAMPLERS = Registry("sampler", home="tadm.sampling")
 METHODS = Registry("method", home="tadm.methods")  # run names of train.models -> tadm.methods.base.Method
 TABLE2_ROWS = Registry("Table 2 row", home="tadm.methods")  # row names -> tadm.methods.base.Row
+# training-free caches, per base; their home registers each by name and builds it lazily (no torch)
+DG_CACHES = Registry("DiffusionGemma cache", home="tadm.caches.catalog")  # -> tadm.caches.catalog.CacheMethod
+LLADA_CACHES = Registry("LLaDA cache", home="tadm.caches.catalog")  # -> tadm.caches.catalog.LladaCache
 
 
 
@@ -85,4 +88,4 @@ def method_for(model_type: str) -> Any:
                      f"{', '.join(sorted({u.model.model_type for u in units}))})")
 
 
-__all__ = ["Registry", "SAMPLERS", "METHODS", "TABLE2_ROWS", "method_for"]
+__all__ = ["Registry", "SAMPLERS", "METHODS", "TABLE2_ROWS", "DG_CACHES", "LLADA_CACHES", "method_for"]

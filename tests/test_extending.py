@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tadm.config import ROOT
+from tadm.config import ROOT, ConfigError
 from tadm.registry import SAMPLERS
 from tests.experiments.conftest import evaluator_dir, table2_raw  # noqa: F401 - evaluator_dir: a fixture
 from tests.experiments.test_claims import run_dir  # noqa: F401 - the synthetic run, a fixture
@@ -90,3 +90,37 @@ def test_a_claim(run_dir):  # noqa: F811 - the fixture imported above
     got = {c.id: c for c in namespace["table"]}
     assert got["genppl_tadm_below_remdm"].verdict == "reproduced"  # the synthetic run: Gen PPL 55 vs 60
     assert "| TADM‡ Gen PPL below ReMDM's at T = 2048 |" in (root / "paper_figures" / "claims.md").read_text()
+
+
+def test_a_cache_method():
+    import torch
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from tadm.config import load, override
+    from tadm.experiments import frontier, table1
+    from tadm.posttrain.anchored import sampling_kwargs
+    from tadm.registry import DG_CACHES
+    from tests.posttrain.conftest import tiny_config
+
+    torch.manual_seed(0)
+    base = DiffusionGemmaForBlockDiffusion(tiny_config()).eval().requires_grad_(False)
+    params = override(load(), {"posttrain.shared_layers": 1, "posttrain.anchor_layers": 3,
+                               "posttrain.denoiser_layers": 2})
+    namespace = {"params": params, "base": base}
+    try:
+        exec(compile(section_code("A cache method"), str(PAGE), "exec"), namespace)
+        assert DG_CACHES.names()[-1] == "skip" and namespace["params"].posttrain.cache_methods[-1] == "skip"
+        assert table1.families()[-1] == "skip" and frontier.legend("skip") == ("Anchor layers skipped", "x")
+        model = namespace["model"]
+        assert isinstance(model.fusion, namespace["SkipFusion"]) and model.refresh_every == 2
+        ids = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(0))
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), refresh_every=2,
+                             **sampling_kwargs(4, 0.1, (0.8, 0.4), 8, eos_token_id=None, pad_token_id=None))
+        assert out.sequences.shape == (1, 13)
+        row = table1.Method("Anchor skip K=2", base, model, 2, "skip")
+        assert row.layer_calls_per_step(4) == (1 + 2) + 3 * 2 / 4  # TADM's calls at K = 2, T = 4
+    finally:
+        if "skip" in DG_CACHES._units:
+            DG_CACHES.unregister("skip")
+    with pytest.raises(ConfigError, match=r"posttrain.cache_methods\[0\]: no DiffusionGemma cache 'skip'"):
+        override(load(), {"posttrain.cache_methods": ["skip"]})

@@ -65,3 +65,12 @@ def test_a_name_registered_twice_is_refused():
     r.register("w", A)
     with pytest.raises(ValueError, match="widget 'w' is registered twice"):
         r.register("w", B)
+
+
+@pytest.mark.parametrize("key, known", [
+    ("posttrain.cache_methods", "DiffusionGemma cache 'nope' is registered (known: naive, feature)"),
+    ("asrd.llada_cache_methods", "LLaDA cache 'nope' is registered (known: prefix, dual, feature, naive)")])
+def test_params_refuse_an_unregistered_cache(key, known):
+    with pytest.raises(ConfigError) as e:
+        override(load(), {key: ["nope"]})
+    assert str(e.value).endswith(f"{key}[0]: no {known}") and "\n" not in str(e.value)

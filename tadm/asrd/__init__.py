@@ -12,11 +12,12 @@ an implementation from that description. Its pieces, one module each:
                embedding; candidates whose prediction flips are remasked;
 - `backends`   one decoding interface for the project's masked models (MDLM, TADM with its
                anchor reused between refreshes), the post-train DiffusionGemma and LLaDA;
-- `caches`     training-free caches on LLaDA (Fast-dLLM's prefix / dual cache, dLLM-Cache,
-               naive reuse): the LLaDA group's cache rows;
 - `decode`     the loop with semi-autoregressive blocks, shared by ASRD and the baselines it
                is compared with (plain MDLM, ReMDM-loop, LLaDA's low-confidence remasking);
-- `tasks`, `train`, `compare`   the comparison of the `asrd` stage.
+- `tasks`, `train`   the comparison's tasks and its masked model.
+
+The comparison of the `asrd` stage (runs, sweeps, tables, LLaDA's group) is
+`tadm.experiments.asrd`; the training-free caches on LLaDA it runs are `tadm.caches.llada`.
 
 Details the paper leaves open, and what we chose:
 

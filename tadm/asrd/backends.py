@@ -23,7 +23,7 @@ embeddings into next-state logits, and counts what that cost:
   a row of LLaDA's vocabulary, so its logit is set to -inf (it is never chosen as a token). A
   left-padded batch sets its padding mask (`set_padding`) so that no position attends to a pad,
   as the release's ``generate`` passes ``attention_mask``. Its training-free caches (Fast-dLLM's
-  prefix / dual cache, dLLM-Cache, naive reuse) are backends of `tadm.asrd.caches`.
+  prefix / dual cache, dLLM-Cache, naive reuse) are backends of `tadm.caches.llada`.
 
 `decode` calls `begin_block(lo, hi)` before each semi-AR block (a no-op here). `layer_calls`
 counts layer calls; `layer_calls_weighted` weights each by the share of the canvas it computed
@@ -46,7 +46,7 @@ class DecodeCounters:
     calls: int = 0  # model passes
     refreshes: int = 0  # anchor evaluations (time-anchored models)
     layer_calls: int = 0  # transformer-layer calls, the paper's compute unit
-    # each call weighted by the share of the canvas's rows it computed (`tadm.asrd.caches`);
+    # each call weighted by the share of the canvas's rows it computed (`tadm.caches.llada`);
     # = layer_calls for every backend that runs whole layers
     layer_calls_weighted: float = 0.0
 
@@ -73,7 +73,7 @@ class Backend(abc.ABC):
 
     def begin_block(self, lo: int, hi: int) -> None:
         """`decode` calls this before the first step of each semi-AR block (canvas positions
-        lo..hi-1). Nothing here; a cache that refreshes per block (`tadm.asrd.caches`) uses it."""
+        lo..hi-1). Nothing here; a cache that refreshes per block (`tadm.caches.llada`) uses it."""
 
     def _refresh_due(self) -> bool:
         return self._age is None or self._age + 1 >= self.refresh_every

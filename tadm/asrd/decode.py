@@ -38,7 +38,7 @@ a uniform-state model; see `tadm.asrd.backends`). Methods:
   but read by nothing.
 
 Before a block's first step the backend hears `begin_block(lo, hi)` (canvas positions lo..hi-1),
-which a cache refreshed per block uses (`tadm.asrd.caches`); the others ignore it.
+which a cache refreshed per block uses (`tadm.caches.llada`); the others ignore it.
 
 The token chosen at a position is the argmax (temperature 0) or a draw from softmax(logits /
 temperature); its confidence is its probability under softmax(logits). Random draws of the
@@ -50,7 +50,6 @@ stream is the same with ASRD's mechanisms on or off.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -1,13 +1,14 @@
-"""Training-free caches run on the same frozen DiffusionGemma as TADM, at matched layer calls.
+"""Training-free caches, one subpackage per base: `diffusiongemma` (Table 1's cache rows, on the same
+frozen DiffusionGemma as TADM, at matched layer calls) and `llada` (the LLaDA group of the ASRD table).
 
 TADM:Post-train reuses a stale deep state through a *trained* fusion. The training-free
 alternatives it is compared with, on the same base, the same sampler and the same refresh
 interval K:
 
-- **Naive anchor reuse** (:mod:`tadm.caches.naive`): TADM's split and schedule with the fusion
+- **Naive anchor reuse** (:mod:`tadm.caches.diffusiongemma.naive`): TADM's split and schedule with the fusion
   bypassed, h = H0. Its layer calls are TADM's, (s + d) T + a ceil(T / K) per canvas; since D
   reads only h (and the step's fixed side inputs), a reuse step returns its refresh step's logits.
-- **Feature cache** in dLLM-Cache's style (:mod:`tadm.caches.feature`): every layer caches its
+- **Feature cache** in dLLM-Cache's style (:mod:`tadm.caches.diffusiongemma.feature`): every layer caches its
   canvas K, V and the outputs of its attention and FFN branches; a refresh every K_r steps
   recomputes everything, a reuse step recomputes, per layer >= 1, only the rows whose V moved most
   (V-verify) and reuses the cached branch outputs elsewhere.
@@ -33,38 +34,21 @@ layer calls, and TADM at the same K makes C_T = (s + d) T + a R. Setting C_fc = 
 
     (L - 1)(T - R) rho = (s + d - 1) T + (a - L + 1) R = (s + d - 1)(T - R)     (L - 1 - a = s + d - 1)
 
-so rho* = (s + d - 1) / (L - 1) (:func:`matched_share`), for every K and T: 4/14 at the default
+so rho* = (s + d - 1) / (L - 1) (:func:`tadm.caches.budget.matched_share`), for every K and T: 4/14 at the default
 split 1/10/4, 9/29 at the paper's 2/20/8 (close to dLLM-Cache's released 0.25). Flooring
 n_sel = floor(rho* N) leaves the feature cache at most (L - 1)(T - R) / N layer calls below TADM.
 
-:data:`CACHE_METHODS` names each method's builder ``(base, p, refresh_every) -> model`` whose
-``generate(ids, refresh_every=K, ...)`` is transformers' generate; its label is the Table 1 row's.
+LLaDA (:mod:`tadm.caches.llada`), the ASRD paper's bidirectional base, has no prefix cache of its
+own, so there the caches are Fast-dLLM's prefix and dual KV caches (approximate on a bidirectional
+model), dLLM-Cache as released (prompt and response rows refreshed every K_p and K_r passes,
+V-verify between) and naive reuse of the middle layers' output; each is a backend of the ASRD
+decoder (`tadm.asrd.backends.LladaBackend`'s interface), and the rows matched to TADM are
+refreshed every K at TADM's share on that depth, (s + d + a / K) / L.
+
+Each method is registered by name (:mod:`tadm.caches.catalog`): DiffusionGemma's in
+`tadm.registry.DG_CACHES` (posttrain.cache_methods), with its Table 1 label and a builder
+``(base, p, refresh_every) -> model`` whose ``generate(ids, refresh_every=K, ...)`` is transformers'
+generate; LLaDA's in `tadm.registry.LLADA_CACHES` (asrd.llada_cache_methods), with its rows and a
+backend builder. The catalog names builders by module path, so it imports neither torch nor
+transformers; `budget` holds the layer-call closed forms.
 """
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Callable
-
-from tadm.caches.budget import (feature_layer_calls, matched_share, refreshes, selected_rows,
-                                tadm_layer_calls)
-from tadm.caches.feature import FeatureCacheDiffusionGemma, feature_model
-from tadm.caches.naive import BypassFusion, naive_model
-
-
-@dataclass(frozen=True)
-class CacheMethod:
-    """A training-free row of Table 1: its label (a K is appended) and its builder."""
-
-    name: str
-    label: str
-    build: Callable  # (base, p, refresh_every) -> a model with generate(..., refresh_every=K)
-
-
-CACHE_METHODS: dict[str, CacheMethod] = {
-    "naive": CacheMethod("naive", "Naive reuse", naive_model),
-    "feature": CacheMethod("feature", "Feature cache", feature_model),
-}
-
-__all__ = ["CACHE_METHODS", "BypassFusion", "CacheMethod", "FeatureCacheDiffusionGemma", "feature_layer_calls",
-           "feature_model", "matched_share", "naive_model", "refreshes", "selected_rows", "tadm_layer_calls"]

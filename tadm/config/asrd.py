@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tadm.config.fields import spec
+from tadm.registry import LLADA_CACHES
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,8 @@ class AsrdConfig:
     warmup_steps: int = spec(100, ge=0)
     checkpoint_every: int = spec(500, ge=1)
     log_every: int = spec(50, ge=1)
-    # LLaDA (the ASRD paper's model family, tadm.models.llada; tadm.asrd.llada): a hub id or a
-    # local directory of LLaDA's released config.json + safetensors + tokenizer; "" = not run
+    # LLaDA (the ASRD paper's model family, tadm.models.llada; tadm.experiments.asrd.llada): a hub
+    # id or a local directory of LLaDA's released config.json + safetensors + tokenizer; "" = not run
     llada_model: str = ""
     llada_tasks: list[Literal["gsm8k", "humaneval"]] = spec(["gsm8k", "humaneval"], nonempty=True, unique=True)
     llada_gen_tokens: int = spec(256, ge=1)  # generated positions after the chat-templated prompt
@@ -73,12 +74,11 @@ class AsrdConfig:
     llada_eval_examples: int = spec(0, ge=0)  # per task; 0 = all
     llada_batch_size: int = spec(8, ge=1)
     llada_precision: Literal["fp32", "bf16"] = "bf16"
-    # training-free caches on LLaDA (tadm.asrd.caches; rows of the LLaDA group): Fast-dLLM's
-    # prefix / dual cache refreshed per block, and the prefix cache, dLLM-Cache (K_p = K_r = K)
-    # and naive reuse refreshed every K of llada_cache_refresh; dLLM-Cache as released per task
-    # (tasks not named: no such row)
-    llada_cache_methods: list[Literal["prefix", "dual", "feature", "naive"]] = spec(
-        ["prefix", "dual", "feature", "naive"], unique=True)
+    # training-free caches on LLaDA (names in tadm.registry.LLADA_CACHES, tadm.caches.llada; rows of
+    # the LLaDA group): Fast-dLLM's prefix / dual cache refreshed per block, and the prefix cache,
+    # dLLM-Cache (K_p = K_r = K) and naive reuse refreshed every K of llada_cache_refresh;
+    # dLLM-Cache as released per task (tasks not named: no such row)
+    llada_cache_methods: list[str] = spec(["prefix", "dual", "feature", "naive"], unique=True, registry=LLADA_CACHES)
     llada_cache_refresh: list[int] = spec([2, 3], unique=True, ge=2)  # K = 1 is the base itself
     llada_dllm_cache: dict[str, DllmCacheConfig] = spec(
         {"gsm8k": DllmCacheConfig(50, 7, 0.25), "humaneval": DllmCacheConfig(50, 8, 0.25)})

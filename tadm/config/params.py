@@ -11,6 +11,7 @@ from tadm.config.fields import spec
 from tadm.config.posttrain import PosttrainConfig
 from tadm.config.pretrain import ModelConfig, TrainConfig
 from tadm.config.sampling import EvalConfig, SampleConfig
+from tadm.registry import DG_CACHES
 
 
 @dataclass
@@ -31,7 +32,7 @@ class ClaimsConfig:
     family_rule: Literal["holm", "none"] = "holm"
     # the training-free cache TADM:Post-train is judged against (one of posttrain.cache_methods),
     # named before the run rather than picked as the most accurate after it
-    training_free_comparator: str = spec("feature", nonempty=True)
+    training_free_comparator: str = spec("feature", nonempty=True, registry=DG_CACHES)
 
 
 @dataclass

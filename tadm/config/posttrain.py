@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tadm.config.fields import spec
+from tadm.registry import DG_CACHES
 
 
 @dataclass
@@ -87,11 +88,12 @@ class PosttrainConfig:
     # table1.PAPER_LENGTHS, 1,024 to 4,096 tokens); the paper dry run shrinks it with the rest
     max_new_tokens: int = spec(0, ge=0)
     eval_batch_size: int = spec(8, ge=1)
-    # the training-free caches run beside TADM on the same base (tadm.caches), each at every K >= 2
-    # of refresh_every (TADM's layer-call budgets); [] leaves them out
-    cache_methods: list[Literal["naive", "feature"]] = spec(["naive", "feature"], unique=True)
+    # the training-free caches run beside TADM on the same base (names in tadm.registry.DG_CACHES,
+    # tadm.caches.diffusiongemma), each at every K >= 2 of refresh_every (TADM's layer-call budgets);
+    # [] leaves them out
+    cache_methods: list[str] = spec(["naive", "feature"], unique=True, registry=DG_CACHES)
     # the feature cache's recomputed share of the canvas rows; 0: the share that matches TADM's layer
-    # calls at the same K, (s + d - 1) / (L - 1) (tadm.caches.matched_share)
+    # calls at the same K, (s + d - 1) / (L - 1) (tadm.caches.budget.matched_share)
     feature_cache_share: float = spec(0.0, ge=0.0, le=1.0)
     seeds: list[int] = spec([0, 1, 2], nonempty=True, unique=True, ge=0)
     # the training-free cache rows' sampling seeds, every seed of `seeds` and more ([]: `seeds`):

@@ -7,6 +7,7 @@
     table1      Table 1: the post-train rows (base, TADM:Post-train at K, control, training-free
                 caches) on the tasks: accuracy, throughput, compute, FLOP bound
     frontier    Table 1's accuracy-speed frontier figure
+    asrd        the ASRD comparison (runners, sweeps, tables; on LLaDA with its cache rows)
     worker      `python -m tadm.experiments.worker`: the torchrun entry point of runs with
                 runtime.nproc > 1 (Table 2 rows, the sweep, Table 1, the ASRD comparison)
 """

@@ -6,9 +6,19 @@ time no layer call counts), so the two panels are drawn side by side."""
 
 from __future__ import annotations
 
-FAMILY_NAMES = {"base": "Base", "control": "Control (fresh anchor)", "tadm": "TADM (trained fusion)",
-                "naive": "Naive reuse (fusion bypassed)", "feature": "Feature cache (dLLM-Cache style)"}
-MARKERS = {"base": "s", "control": "D", "tadm": "o", "naive": "v", "feature": "^"}
+from tadm.registry import DG_CACHES
+
+FAMILY_NAMES = {"base": "Base", "control": "Control (fresh anchor)", "tadm": "TADM (trained fusion)"}
+MARKERS = {"base": "s", "control": "D", "tadm": "o"}
+
+
+def legend(family: str) -> tuple[str, str]:
+    """(legend name, marker) of a row family: the base, the control, TADM, or a training-free
+    cache of `tadm.registry.DG_CACHES` (its entry's)."""
+    cache = DG_CACHES.get(family)
+    if cache is not None:
+        return cache.legend, cache.marker
+    return FAMILY_NAMES.get(family, family), MARKERS.get(family, "o")
 
 
 def frontier_figure(df):
@@ -26,9 +36,9 @@ def frontier_figure(df):
         t = df[df.task == task]
         for family, g in t.groupby("family", sort=False):
             g = g.sort_values("compute_x", ascending=False)
-            label = FAMILY_NAMES.get(family, family)
+            label, marker = legend(family)
             for ax, x, xerr in ((row[0], g.throughput_x, g.throughput_se.fillna(0.0)), (row[1], g.compute_x, None)):
-                ax.errorbar(x, g.accuracy, yerr=g.sd, xerr=xerr, marker=MARKERS.get(family, "o"), ls="--", lw=1,
+                ax.errorbar(x, g.accuracy, yerr=g.sd, xerr=xerr, marker=marker, ls="--", lw=1,
                             capsize=2, label=label)
                 for xi, yi, k in zip(x, g.accuracy, g.refresh_every):
                     if k == k and k is not None:

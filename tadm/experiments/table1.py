@@ -10,8 +10,8 @@ base mixes that fine-tuning with the effect of reuse; its delta vs the control i
 For every task of ``posttrain.tasks`` and every seed of ``posttrain.seeds``, each method
 generates with DiffusionGemma's entropy-bound sampler (``generate`` of transformers for the
 base; the same loop with the anchor refreshed every K steps for TADM) and is scored. The
-training-free caches of ``posttrain.cache_methods`` (`tadm.caches`: naive anchor reuse, the
-dLLM-Cache-style feature cache) run in the same loop at every K >= 2 of ``posttrain.refresh_every``,
+training-free caches of ``posttrain.cache_methods`` (`tadm.registry.DG_CACHES`: naive anchor
+reuse, the dLLM-Cache-style feature cache) run in the same loop at every K >= 2 of ``posttrain.refresh_every``,
 where their layer calls equal TADM's; their rows add a paired Δ vs the TADM row at the same K.
 
     accuracy (mean over seeds, in %; ± the sd over seeds), delta in points vs the base and vs
@@ -65,14 +65,13 @@ from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapp
 from tqdm import tqdm
 
 from tadm import runtime
-from tadm.caches import CACHE_METHODS, budget
+from tadm.caches.catalog import tadm_calls
 from tadm.config import Params
 from tadm.config import notebook as nb
 from tadm.data import arithmetic, chat
 from tadm.data.tokenizer import load_tokenizer
 from tadm.errors import DataError
 from tadm.experiments import worker
-from tadm.experiments.worker import optional_path
 from tadm.io import atomic_write_json
 from tadm.metrics.bootstrap import paired_speedup
 from tadm.metrics.replicates import pooled_between, replicated_accuracy_delta
@@ -80,6 +79,7 @@ from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import sampling_kwargs
 from tadm.posttrain.data import arithmetic_eval_set, left_pad
 from tadm.posttrain.train import fusion_runs
+from tadm.registry import DG_CACHES
 from tadm.tasks.suite import build_task
 
 # max_new_tokens per task in the paper (Sec. 6); arithmetic: one canvas
@@ -224,7 +224,7 @@ class Method:
     """One row of Table 1: a `model` that generates on the frozen `base` (None: the base's own
     ``generate``) with the refresh interval `k` (None for the base), of a `family`: "base",
     "control" (a TimeAnchoredDiffusionGemma whose fusion acts on the fresh anchor, K = 1),
-    "tadm", or a training-free cache of `tadm.caches.CACHE_METHODS` ("naive", "feature").
+    "tadm", or a training-free cache's name in `tadm.registry.DG_CACHES` ("naive", "feature").
     `split` is the decoder's (s, a, d), which sets the closed-form layer calls."""
 
     def __init__(self, label: str, base, model, refresh_every: int | None, family: str = "tadm",
@@ -255,14 +255,13 @@ class Method:
     def layer_calls_per_step(self, steps: int, rows: int | None = None) -> float:
         """The closed form of the (weighted) layer calls per denoising step at `steps` steps a
         canvas of `rows` positions (`tadm.caches.budget`): L for the base, (s + d) + a R / T for
-        TADM and the naive reuse, T + (L - 1) [R + (T - R) n_sel / N] over T for the feature cache."""
-        depth = sum(self.split)
+        TADM, a training-free cache's own closed form over T (`CacheMethod.layer_calls`: TADM's for
+        the naive reuse, T + (L - 1) [R + (T - R) n_sel / N] for the feature cache)."""
         if self.k is None:
-            return float(depth)
-        if self.family == "feature":
-            n = rows or 1
-            return budget.feature_layer_calls(steps, self.k, depth, budget.selected_rows(self.model.share, n), n) / steps
-        return budget.tadm_layer_calls(steps, self.k, self.split) / steps
+            return float(sum(self.split))
+        cache = DG_CACHES.get(self.family)
+        calls = tadm_calls if cache is None else cache.layer_calls
+        return calls(steps, self.k, self.split, self.model, rows or 1) / steps
 
 
 class Runner:
@@ -429,7 +428,7 @@ def row_seeds(p: Params, family: str) -> list[int]:
     """A row's sampling seeds: posttrain.seeds, the training-free caches' posttrain.cache_seeds
     (which hold every seed of posttrain.seeds; [] = posttrain.seeds)."""
     pt = p.posttrain
-    return list(pt.cache_seeds or pt.seeds) if family in CACHE_METHODS else list(pt.seeds)
+    return list(pt.cache_seeds or pt.seeds) if family in DG_CACHES else list(pt.seeds)
 
 
 def replicate_ks(p: Params) -> list[int]:
@@ -455,7 +454,7 @@ def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None =
         methods.append(Method(CONTROL, base, fresh, 1, "control", seeds=seeds, run_seed=pt.seed))
     methods += [Method(f"TADM K={k}", base, tadm, k, "tadm", seeds=seeds, run_seed=pt.seed) for k in pt.refresh_every]
     for name in pt.cache_methods:
-        cache = CACHE_METHODS[name]
+        cache = DG_CACHES[name]
         model = cache.build(base, p)  # one model per method: K is an argument of its generate
         methods += [Method(f"{cache.label} K={k}", base, model, k, name, seeds=row_seeds(p, name))
                     for k in pt.refresh_every if k >= 2]
@@ -491,8 +490,8 @@ def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:
     """Worker job "table1" (`tadm.experiments.worker`): :func:`run` in one torchrun process."""
 
     log = print if d.main else (lambda *_: None)
-    return run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=optional_path(args.get("out")), log=log,
-               dist=d, unsafe_host_execution=bool(args.get("unsafe_host_execution", False)),
+    return run(p, root=Path(args["root"]), sft_dir=Path(args["sft_dir"]), out=worker.optional_path(args.get("out")),
+               log=log, dist=d, unsafe_host_execution=bool(args.get("unsafe_host_execution", False)),
                control=bool(args.get("control", True)))
 
 
@@ -637,7 +636,7 @@ def _add_same_outputs(rows: dict, methods: list[Method], replicas: list[Method],
     naive = {m.k: m.label for m in methods if m.family == "naive"}
     bypass_runs = {}
     for m in methods:
-        if m.family in CACHE_METHODS and m.k in tadm:
+        if m.family in DG_CACHES and m.k in tadm:
             rows[m.label]["same_output_as_tadm"] = _same_share(runs[m.label]["texts"], runs[tadm[m.k]]["texts"], seeds)
         if m.family == "tadm" and m.k in naive:
             bypass = runs[naive[m.k]]["texts"]
@@ -725,7 +724,7 @@ def add_statistics(rows: dict[str, dict], base: str = "Base") -> dict | None:
         row["accuracy_mean_runs"] = (statistics.mean(r["accuracy"] for r in row["runs"]) if row.get("runs")
                                      else row["accuracy"])
         for key, ref in (("delta_vs_base", rows[base]), ("delta_vs_control", control),
-                         ("delta_vs_tadm", tadm.get(row["refresh_every"]) if row["family"] in CACHE_METHODS else None)):
+                         ("delta_vs_tadm", tadm.get(row["refresh_every"]) if row["family"] in DG_CACHES else None)):
             if ref is None:
                 if key != "delta_vs_tadm":
                     row[key] = row[key + "_se"] = None
@@ -742,7 +741,13 @@ def add_statistics(rows: dict[str, dict], base: str = "Base") -> dict | None:
 
 
 MATCHED = 0.01  # a cache row is at TADM's budget when their compute columns differ by at most this
-FAMILIES = ("base", "control", "tadm", *CACHE_METHODS)  # the table's row order (results/table1.json sorts its keys)
+FIRST_FAMILIES = ("base", "control", "tadm")  # the table's row order, then the caches' (results/table1.json sorts its keys)
+
+
+def families() -> tuple[str, ...]:
+    """Table 1's row families in the table's order: the base, the control, TADM, then each
+    training-free cache of `tadm.registry.DG_CACHES` in its order."""
+    return (*FIRST_FAMILIES, *DG_CACHES.names())
 
 
 def _require(m: dict, keys: tuple[str, ...], source: str = "results/table1.json") -> None:
@@ -763,7 +768,7 @@ def frame(results: dict):
     row's completion."""
     import pandas as pd
 
-    lines = []
+    lines, order_of = [], families()
     for task, r in results["tasks"].items():
         _require(r, ("between_run",))
         base = r["methods"]["Base"]
@@ -771,18 +776,18 @@ def frame(results: dict):
         for m in r["methods"].values():
             _require(m, ("family", "layer_calls_weighted", "seeds", "delta_vs_base", "delta_vs_control",
                          "accuracy_mean_runs"))
-            if m["family"] in CACHE_METHODS:
+            if m["family"] in DG_CACHES:
                 _require(m, ("same_output_as_tadm",))
             if m["family"] in ("tadm", "control"):
                 _require(m, ("runs",))
         tadm = {m["refresh_every"]: m for m in r["methods"].values() if m["family"] == "tadm"}
-        order = sorted(r["methods"].items(), key=lambda lm: (FAMILIES.index(lm[1]["family"]), lm[1]["refresh_every"] or 0))
+        order = sorted(r["methods"].items(), key=lambda lm: (order_of.index(lm[1]["family"]), lm[1]["refresh_every"] or 0))
         for label, m in order:
             speedup, speedup_se, dec_speedup = m["throughput_x"], m["throughput_se"], m["decoder_speedup_x"]
             bound = base["flops"] / m["flops"]
             dec_bound = base["decoder_flops"] / m["decoder_flops"]
             compute = m["layer_calls_weighted"] / base["layer_calls_weighted"]
-            ref = tadm.get(m["refresh_every"]) if m["family"] in CACHE_METHODS else None
+            ref = tadm.get(m["refresh_every"]) if m["family"] in DG_CACHES else None
             matched = (None if ref is None
                        else abs(compute - ref["layer_calls_weighted"] / base["layer_calls_weighted"]) <= MATCHED)
             runs = m.get("runs") or []

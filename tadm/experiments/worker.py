@@ -2,7 +2,7 @@
 
 The notebooks run in one kernel process. When ``runtime.nproc`` > 1, the notebook-level
 functions (`table2.run_row`, `table2.run_sweep`, `tadm.experiments.table1.run`,
-`tadm.asrd.compare.run`) call :func:`launch`, which writes a spec file and runs
+`tadm.experiments.asrd.compare.run`) call :func:`launch`, which writes a spec file and runs
 
     python -m torch.distributed.run --standalone --nproc_per_node=N -m tadm.experiments.worker <job> <spec.json>
 
@@ -125,7 +125,8 @@ class FailureCause:
 # Each job by name -> "module:function", the function (params, Dist, args) -> a JSON value. Resolved
 # only when a worker runs it: the modules that launch jobs import this one, never the reverse.
 JOBS: dict[str, str] = {"row": "tadm.experiments.table2:row_job", "sweep": "tadm.experiments.table2:sweep_job",
-                        "table1": "tadm.experiments.table1:worker_job", "asrd": "tadm.asrd.compare:worker_job"}
+                        "table1": "tadm.experiments.table1:worker_job",
+                        "asrd": "tadm.experiments.asrd.compare:worker_job"}
 
 
 def job_function(job: str) -> Callable[[Params, runtime.Dist, dict], Any]:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tadm import config
-from tadm.asrd import compare
+from tadm.experiments.asrd import compare
 from tadm.asrd.tasks import TaskSet
 
 

@@ -14,9 +14,10 @@ from torch.nn import functional as F
 
 from tests.posttrain.conftest import CANVAS, VOCAB
 
-from tadm.caches import CACHE_METHODS, BypassFusion, FeatureCacheDiffusionGemma, matched_share, naive_model
-from tadm.caches.budget import feature_layer_calls, selected_rows, tadm_layer_calls
-from tadm.caches.feature import capture_layer, least_similar_rows, partial_layer, stock_layer
+from tadm.caches.budget import feature_layer_calls, matched_share, selected_rows, tadm_layer_calls
+from tadm.caches.diffusiongemma import BypassFusion, FeatureCacheDiffusionGemma, naive_model
+from tadm.caches.diffusiongemma.feature import capture_layer, least_similar_rows, partial_layer, stock_layer
+from tadm.registry import DG_CACHES
 from tadm.config import Params
 from tadm.config.posttrain import PosttrainConfig
 from tadm.errors import ConfigError
@@ -279,8 +280,8 @@ def test_parameters_are_validated(tiny_base, key, kwargs):
 
 
 def test_registry_builds_each_method_on_the_split(tiny_base):
-    assert list(CACHE_METHODS) == ["naive", "feature"]
-    naive = CACHE_METHODS["naive"].build(tiny_base, params(), 2)
-    fc = CACHE_METHODS["feature"].build(tiny_base, params(), 3)
+    assert DG_CACHES.names() == ("naive", "feature")
+    naive = DG_CACHES["naive"].build(tiny_base, params(), 2)
+    fc = DG_CACHES["feature"].build(tiny_base, params(), 3)
     assert isinstance(naive.fusion, BypassFusion) and naive.split.split == SPLIT and naive.refresh_every == 2
     assert isinstance(fc, FeatureCacheDiffusionGemma) and fc.share == SHARE and fc.refresh_every == 3

@@ -78,7 +78,7 @@ def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path)
 
 
 def test_asrd_two_processes_score_what_one_does(posttrain_workspace, tmp_path):
-    from tadm.asrd import compare
+    from tadm.experiments.asrd import compare
 
     results = {}
     for nproc in (1, 2):

@@ -356,9 +356,9 @@ def test_runner_on_a_benchmark(tmp_path):
     """LladaRunner: left-padded chat prompts + generated span, every comparison method runs,
     completions stop at EOS / end of turn, scores and counters reach the tally."""
     from tadm import runtime
-    from tadm.asrd.compare import Tally
-    from tadm.asrd.llada import BenchmarkTask, LladaRunner, llada_plan
-    from tadm.asrd.runner import backend_of
+    from tadm.experiments.asrd.compare import Tally
+    from tadm.experiments.asrd.llada import BenchmarkTask, LladaRunner, llada_plan
+    from tadm.experiments.asrd.runner import backend_of
     from tadm.config import Params
 
     p = Params()
@@ -386,7 +386,7 @@ def test_runner_on_a_benchmark(tmp_path):
 
 
 def test_default_profile_runs_no_llada():
-    from tadm.asrd.llada import llada_plan
+    from tadm.experiments.asrd.llada import llada_plan
     from tadm.config import Params, render_profile
 
     assert render_profile("default")["asrd"]["llada_model"] == ""
@@ -468,7 +468,7 @@ def test_left_padded_batch_decodes_as_each_prompt_alone(tmp_path, threshold):
     exactly the tokens each prompt generates alone (batch size 1, nothing padded)."""
     from tadm import runtime
     from tadm.asrd.decode import DecodeSettings
-    from tadm.asrd.llada import BenchmarkTask, LladaRunner
+    from tadm.experiments.asrd.llada import BenchmarkTask, LladaRunner
     from tadm.config import Params
 
     p = Params()

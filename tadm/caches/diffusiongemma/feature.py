@@ -190,7 +190,7 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
     The same shell as TimeAnchoredDiffusionGemma: transformers' ``generate`` (encoder, canvases,
     sampler) runs unchanged and calls ``forward`` once per denoising step. `share` is the fraction
     of canvas rows a partial layer recomputes (n_sel = floor(share * N); default
-    :func:`tadm.caches.matched_share` of the split, TADM's layer calls at the same interval);
+    :func:`tadm.caches.budget.matched_share` of the split, TADM's layer calls at the same interval);
     `similarity_dtype` the precision of V-verify's cosine similarity."""
 
     def __init__(self, split: SplitDiffusionGemma, refresh_every: int = 1, share: float | None = None,

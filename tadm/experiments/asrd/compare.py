@@ -19,7 +19,7 @@ the speed-up is against low-confidence remasking measured in the same run: the m
 batches of the paired time ratio, ± its bootstrap se; model calls and
 transformer-layer calls are per decoded batch (ASRD's checks ride on its generation passes:
 no verification call), checked / remasked candidates per sequence. On LLaDA (paper profile) the
-group ends with training-free cache rows (`tadm.asrd.llada.cache_variants`), each read against
+group ends with training-free cache rows (`tadm.experiments.asrd.llada.cache_variants`), each read against
 its reference row: "Compute × own base" is weighted layer calls against that row's, "matched"
 only within 0.01 of TADM's share at the row's refresh interval K.
 
@@ -50,10 +50,10 @@ from tadm import runtime
 from tadm.asrd import tasks as T
 from tadm.asrd.backends import Backend, DiffusionGemmaBackend, MaskedBackend
 from tadm.asrd.decode import DecodeSettings, decode
-from tadm.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Variant, _settings, backend_of, variants  # noqa: F401 - compare.* as before
 from tadm.asrd.train import MODEL_DIR, task_sets
 from tadm.config import Params
 from tadm.errors import DataError
+from tadm.experiments.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Variant, _settings, backend_of, variants  # noqa: F401 - the comparison's names
 from tadm.io import atomic_write_json
 
 SWEEPS = ("capacity", "window", "block_size")
@@ -178,7 +178,7 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
     dg = DiffusionGemmaRunner(p, root, d)
     plan = [("arithmetic", masked, variants(p, a.steps, False)), ("spelling", masked, variants(p, a.steps, False)),
             ("arithmetic", dg, variants(p, a.dg_steps, True))]
-    from tadm.asrd.llada import llada_plan  # the seed's own model family (paper profile; none by default)
+    from tadm.experiments.asrd.llada import llada_plan  # the seed's own model family (paper profile; none by default)
 
     for name, task, runner, vs in llada_plan(p, d):
         plan.append((name, runner, vs))

@@ -1,5 +1,5 @@
-"""What the ASRD comparisons share (`tadm.asrd.compare` on the pipeline's models,
-`tadm.asrd.llada` on LLaDA): the rows of a (task, model) group (`variants`), the per-row tally
+"""What the ASRD comparisons share (`tadm.experiments.asrd.compare` on the pipeline's models,
+`tadm.experiments.asrd.llada` on LLaDA): the rows of a (task, model) group (`variants`), the per-row tally
 (`Tally`) and the batch runner that splits a task's batches over the processes (`Batches`).
 """
 
@@ -11,8 +11,8 @@ from typing import Callable
 
 from tadm import runtime
 from tadm.asrd.backends import Backend
-from tadm.asrd.caches import CacheSpec
 from tadm.asrd.decode import DecodeSettings
+from tadm.caches.catalog import CacheSpec
 from tadm.config import Params
 
 BASELINE = "Low-confidence (LLaDA)"
@@ -25,7 +25,7 @@ class Variant:
     settings: DecodeSettings
     refresh_every: int = 1  # > 1: the time-anchored model (anchor reused between refreshes)
     base: str | None = None  # the row that is this one without ASRD's mechanisms (or without its cache)
-    cache: CacheSpec | None = None  # a training-free cache on LLaDA (`tadm.asrd.caches`)
+    cache: CacheSpec | None = None  # a training-free cache on LLaDA (`tadm.caches.llada`)
 
 
 def backend_of(runner, v: Variant) -> Backend:

@@ -1,4 +1,4 @@
-"""Training-free caches on LLaDA (tadm.asrd.caches; design T8-T12): the block's maths repeated
+"""Training-free caches on LLaDA (tadm.caches.llada; design T8-T12): the block's maths repeated
 bit for bit, Fast-dLLM's prefix / dual cache, dLLM-Cache's feature cache and naive reuse against
 the base, their layer-call counts against the closed forms, the config keys and the table rows."""
 
@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tadm import config
-from tadm.asrd import caches as C
 from tadm.asrd.backends import LladaBackend
 from tadm.asrd.decode import DecodeSettings, decode
+from tadm.caches import llada as C
+from tadm.caches.catalog import CacheSpec
 from tadm.errors import ConfigError
 from tadm.models import llada
 
@@ -341,7 +342,8 @@ def _paper():
 
 
 @pytest.mark.parametrize("key, value, expected", [
-    ("llada_cache_methods", ["prefix", "kv"], "asrd.llada_cache_methods[1]: expected one of"),
+    ("llada_cache_methods", ["prefix", "kv"],
+     "asrd.llada_cache_methods[1]: no LLaDA cache 'kv' is registered (known: prefix, dual, feature, naive)"),
     ("llada_cache_methods", ["naive", "naive"], "asrd.llada_cache_methods: must not repeat a value"),
     ("llada_cache_refresh", [2, 1], "asrd.llada_cache_refresh[1]: must be >= 2, got 1"),
     ("llada_cache_refresh", [3, 3], "asrd.llada_cache_refresh: must not repeat a value"),
@@ -363,8 +365,8 @@ def test_bad_cache_keys_are_one_line_naming_the_key(key, value, expected):
 
 
 def test_the_paper_profile_lists_the_cache_rows():
-    from tadm.asrd.llada import llada_variants
-    from tadm.asrd.runner import ASRD_BASE, BASELINE
+    from tadm.experiments.asrd.llada import llada_variants
+    from tadm.experiments.asrd.runner import ASRD_BASE, BASELINE
 
     p = config.from_dict(_paper())
     assert config.render_profile("default")["asrd"]["llada_cache_methods"] == p.asrd.llada_cache_methods  # every key in default.yaml
@@ -378,8 +380,8 @@ def test_the_paper_profile_lists_the_cache_rows():
         v = rows[label]
         assert v.settings == rows[v.base].settings and v.settings.block_size == p.asrd.llada_block_size
         assert v.base == (ASRD_BASE if "per block" in label else BASELINE)
-    assert rows["Fast-dLLM dual cache (per block)"].cache == C.CacheSpec("dual")
-    assert rows["dLLM-Cache K=3"].cache == C.CacheSpec("feature", 3, 3, 0.25)
+    assert rows["Fast-dLLM dual cache (per block)"].cache == CacheSpec("dual")
+    assert rows["dLLM-Cache K=3"].cache == CacheSpec("feature", 3, 3, 0.25)
     assert "dLLM-Cache (K_p=50, K_r=7, rho=0.25)" in {v.label for v in llada_variants(p, "gsm8k")}
     only = config.override(p, {"asrd.llada_cache_methods": ["naive"], "asrd.llada_cache_refresh": [4]})
     assert [v.label for v in llada_variants(only, "gsm8k") if v.cache] == ["Naive reuse K=4"]
@@ -392,7 +394,7 @@ def test_the_paper_profile_lists_the_cache_rows():
 
 
 def test_the_table_shows_weighted_calls_against_the_own_base_and_matches_within_001():
-    from tadm.asrd import compare
+    from tadm.experiments.asrd import compare
 
     def row(weighted, base=None, budget=None):
         return {"accuracy": 50.0, "accuracy_sd": 0.0, "tokens_per_s": 10.0, "calls_per_batch": 8.0,
@@ -409,3 +411,21 @@ def test_the_table_shows_weighted_calls_against_the_own_base_and_matches_within_
     assert not df.loc["Fast-dLLM prefix cache (per block)", "matched"] and math.isnan(df.loc[compare.BASELINE, "compute_x"])
     md = compare.to_markdown(df.reset_index())
     assert "| 0.656 (budget 0.656, matched) |" in md and "| 0.594 (budget 0.656) |" in md and "| 0.375 |" in md
+
+
+def test_a_registered_cache_adds_its_rows_and_its_backend():
+    from tadm.caches.catalog import LladaCache, add_llada_cache
+    from tadm.experiments.asrd.llada import llada_variants
+    from tadm.registry import LLADA_CACHES
+
+    add_llada_cache(LladaCache("toy", lambda model, spec: LladaBackend(model),  # the base itself, as a toy
+                               lambda ks, released: [(f"Toy K={k}", CacheSpec("toy", k)) for k in ks]))
+    try:
+        p = config.override(config.from_dict(_paper()), {"asrd.llada_cache_methods": ["toy", "dual"]})
+        rows = {v.label: v for v in llada_variants(p, "gsm8k") if v.cache is not None}
+        assert list(rows) == ["Fast-dLLM dual cache (per block)", "Toy K=2", "Toy K=3"]
+        assert type(rows["Toy K=3"].cache.build(tiny_model())) is LladaBackend
+    finally:
+        LLADA_CACHES.unregister("toy")
+    with pytest.raises(ConfigError, match=r"asrd.llada_cache_methods: no LLaDA cache 'toy' is registered"):
+        CacheSpec("toy", 2).build(tiny_model())

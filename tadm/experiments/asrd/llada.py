@@ -1,6 +1,6 @@
 """ASRD on LLaDA, the ASRD paper's own model family: GSM8K and HumanEval (paper profile).
 
-`LladaRunner` has the interface of the comparison's runners (`tadm.asrd.compare`: ``name``,
+`LladaRunner` has the interface of the comparison's runners (`tadm.experiments.asrd.compare`: ``name``,
 ``backend(refresh_every)``, ``run(backend, task, settings, tally)``), so every decoding method
 of the comparison runs on LLaDA unchanged:
 
@@ -22,7 +22,7 @@ of the comparison runs on LLaDA unchanged:
   without special tokens, scored by the benchmark's scorer.
 
 `llada_plan` lists what the comparison runs on LLaDA: (task name, task, runner, variants);
-the variants end with the training-free cache rows (`cache_variants`, `tadm.asrd.caches`).
+the variants end with the training-free cache rows (`cache_variants`, `tadm.caches.llada`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ import torch
 
 from tadm import runtime
 from tadm.asrd.backends import Backend, LladaBackend
-from tadm.asrd.caches import CacheSpec
 from tadm.asrd.decode import DecodeSettings, decode
-from tadm.asrd.runner import ASRD_BASE, BASELINE, Batches, Variant, variants
+from tadm.caches.catalog import CacheSpec
 from tadm.config import Params
 from tadm.errors import DataError
+from tadm.experiments.asrd.runner import ASRD_BASE, BASELINE, Batches, Variant, variants
+from tadm.registry import LLADA_CACHES
 
 END_OF_TURN = "<|eot_id|>"  # LLaDA-Instruct's end of an assistant turn (besides EOS)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -149,7 +150,7 @@ class LladaRunner(Batches):
 
 
 def llada_variants(p: Params, task: str | None = None) -> list[Variant]:
-    """The comparison's methods (`tadm.asrd.compare.variants`) at LLaDA's steps and block size,
+    """The comparison's methods (`tadm.experiments.asrd.compare.variants`) at LLaDA's steps and block size,
     then the cache rows of `task` (`cache_variants`)."""
     a = p.asrd
     out = variants(p, a.llada_steps, False)
@@ -159,31 +160,23 @@ def llada_variants(p: Params, task: str | None = None) -> list[Variant]:
 
 
 def cache_variants(p: Params, rows: list[Variant], task: str | None = None) -> list[Variant]:
-    """The training-free cache rows (asrd.llada_cache_methods), each on the decoder of its
-    reference row (`base`): Fast-dLLM's prefix and dual caches refreshed per block on
-    low-confidence + threshold (its cache + parallel recipe); the prefix cache, dLLM-Cache
-    (K_p = K_r = K) and naive reuse every K of asrd.llada_cache_refresh on low-confidence
-    (1 token a step, as dLLM-Cache's release decodes); dLLM-Cache as released on `task`
-    (asrd.llada_dllm_cache; none for a task it does not name)."""
+    """The training-free cache rows of asrd.llada_cache_methods (`tadm.registry.LLADA_CACHES`, in
+    its order), each on the decoder of its reference row (`base`): the rows refreshed per block
+    first, on low-confidence + threshold (Fast-dLLM's cache + parallel recipe), then the rows
+    refreshed every K of asrd.llada_cache_refresh or as released on `task` (asrd.llada_dllm_cache)
+    on low-confidence (1 token a step, as dLLM-Cache's release decodes). Each method's rows are its
+    registry entry's (`tadm.caches.catalog`): Fast-dLLM's prefix cache per block and every K, its
+    dual cache per block, dLLM-Cache as released on `task` (none for a task it does not name) and
+    with K_p = K_r = K, naive reuse every K."""
     a = p.asrd
     by = {v.label: v for v in rows}
-    methods, ks, released = a.llada_cache_methods, a.llada_cache_refresh, a.llada_dllm_cache.get(task or "")
-
-    def row(label: str, base: str, spec: CacheSpec) -> Variant:
-        return Variant(label, by[base].settings, base=base, cache=spec)
-
-    out = [row(f"Fast-dLLM {m} cache (per block)", ASRD_BASE, CacheSpec(m)) for m in ("prefix", "dual") if m in methods]
-    if "prefix" in methods:
-        out += [row(f"Fast-dLLM prefix cache K={k}", BASELINE, CacheSpec("prefix", k)) for k in ks]
-    if "feature" in methods:
-        share = released.share if released else 0.25  # the release's rho on every task
-        if released:
-            r = released
-            out.append(row(f"dLLM-Cache (K_p={r.prompt_every}, K_r={r.response_every}, rho={r.share:g})", BASELINE,
-                           CacheSpec("feature", r.response_every, r.prompt_every, r.share)))
-        out += [row(f"dLLM-Cache K={k}", BASELINE, CacheSpec("feature", k, k, share)) for k in ks]
-    if "naive" in methods:
-        out += [row(f"Naive reuse K={k}", BASELINE, CacheSpec("naive", k)) for k in ks]
+    released = a.llada_dllm_cache.get(task or "")
+    specs = [row for name in LLADA_CACHES.names() if name in a.llada_cache_methods
+             for row in LLADA_CACHES[name].rows(a.llada_cache_refresh, released)]
+    out = []
+    for label, spec in sorted(specs, key=lambda row: not row[1].per_block):  # stable: registry order within
+        base = ASRD_BASE if spec.per_block else BASELINE
+        out.append(Variant(label, by[base].settings, base=base, cache=spec))
     return out
 
 

@@ -1,0 +1,157 @@
+"""The training-free cache methods by name, one registry per base: `tadm.registry.DG_CACHES`
+(DiffusionGemma: the values of posttrain.cache_methods, Table 1's cache rows) and
+`tadm.registry.LLADA_CACHES` (LLaDA: the values of asrd.llada_cache_methods, the LLaDA group's
+cache rows of the ASRD table).
+
+An entry names its builder as ``"module:function"``, imported on the first build, so that
+checking a params file imports neither torch nor transformers; a unit defined elsewhere (a test,
+an extension) may give the function itself. Registering is the whole of adding a method: the
+params check, Table 1's rows and families, the frontier's legend and the LLaDA group's rows all
+read the registries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Callable
+
+from tadm.caches import budget
+from tadm.errors import ConfigError
+from tadm.registry import DG_CACHES, LLADA_CACHES
+
+
+def resolve(builder: Callable | str) -> Callable:
+    """`builder` itself, or the function a ``"module:function"`` path names (imported now)."""
+    if callable(builder):
+        return builder
+    module, _, name = builder.partition(":")
+    return getattr(import_module(module), name)
+
+
+# ----------------------------------------------------------------------------- DiffusionGemma
+
+
+def tadm_calls(steps: int, k: int, split: tuple[int, int, int], model: Any, rows: int) -> float:
+    """TADM's layer calls per canvas, (s + d) T + a ceil(T / K): a method whose every step runs S
+    and D and whose anchor layers run at refreshes only (the naive reuse)."""
+    return budget.tadm_layer_calls(steps, k, split)
+
+
+def feature_calls(steps: int, k: int, split: tuple[int, int, int], model: Any, rows: int) -> float:
+    """The feature cache's weighted layer calls per canvas of `rows` positions at the model's share."""
+    return budget.feature_layer_calls(steps, k, sum(split), budget.selected_rows(model.share, rows), rows)
+
+
+@dataclass(frozen=True)
+class CacheMethod:
+    """A training-free row family of Table 1 on the frozen DiffusionGemma.
+
+    `name` is the params value and the rows' family, `label` the row label (" K=k" appended),
+    `legend` and `marker` the frontier figure's; `builder` ``(base, p, refresh_every) -> model``
+    makes a model whose ``generate(ids, refresh_every=K, ...)`` is transformers' generate;
+    `layer_calls` ``(steps, k, split, model, rows) -> calls`` is its closed form per canvas."""
+
+    name: str
+    label: str
+    builder: Callable | str
+    legend: str
+    marker: str = "x"
+    layer_calls: Callable = tadm_calls
+
+    def build(self, base, p, refresh_every: int = 1):
+        return resolve(self.builder)(base, p, refresh_every)
+
+
+def add_dg_cache(unit: CacheMethod) -> CacheMethod:
+    """Register `unit` in DG_CACHES under its name; returns it."""
+    DG_CACHES.register(unit.name, unit)
+    return unit
+
+
+add_dg_cache(CacheMethod("naive", "Naive reuse", "tadm.caches.diffusiongemma.naive:naive_model",
+                         "Naive reuse (fusion bypassed)", "v"))
+add_dg_cache(CacheMethod("feature", "Feature cache", "tadm.caches.diffusiongemma.feature:feature_model",
+                         "Feature cache (dLLM-Cache style)", "^", feature_calls))
+
+
+# ----------------------------------------------------------------------------- LLaDA
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """A cache row of the LLaDA group: the method and its intervals (`build` makes the backend).
+
+    prefix / dual: `every` = K, or None (refreshed once per block, as released); feature:
+    `every` = K_r, `prompt_every` = K_p, `share` = rho; naive: `every` = K."""
+
+    method: str
+    every: int | None = None
+    prompt_every: int | None = None
+    share: float | None = None
+
+    @property
+    def per_block(self) -> bool:
+        """Refreshed once per block (no interval): such a row runs on low-confidence + threshold,
+        its release's cache + parallel recipe; a row with an interval, on low-confidence."""
+        return self.every is None
+
+    def build(self, model):
+        """The backend of this row on the LLaDA `model`."""
+        if self.method not in LLADA_CACHES:
+            raise ConfigError("asrd.llada_cache_methods", f"no LLaDA cache {self.method!r} is registered "
+                              f"(known: {', '.join(LLADA_CACHES.names())})")
+        return LLADA_CACHES[self.method].build(model, self)
+
+
+@dataclass(frozen=True)
+class LladaCache:
+    """A training-free cache on LLaDA: `name` (the params value), `builder` ``(model, spec) ->
+    backend`` and `rows` ``(ks, released) -> [(label, CacheSpec)]``, its rows of a task's group at
+    the intervals `ks` (asrd.llada_cache_refresh) with the task's dLLM-Cache settings as released
+    (`released`: an asrd.llada_dllm_cache entry, or None)."""
+
+    name: str
+    builder: Callable | str
+    rows: Callable
+
+    def build(self, model, spec: CacheSpec):
+        return resolve(self.builder)(model, spec)
+
+
+def add_llada_cache(unit: LladaCache) -> LladaCache:
+    """Register `unit` in LLADA_CACHES under its name; returns it."""
+    LLADA_CACHES.register(unit.name, unit)
+    return unit
+
+
+def _prefix_rows(ks, released) -> list[tuple[str, CacheSpec]]:
+    return [("Fast-dLLM prefix cache (per block)", CacheSpec("prefix"))] + [
+        (f"Fast-dLLM prefix cache K={k}", CacheSpec("prefix", k)) for k in ks]
+
+
+def _dual_rows(ks, released) -> list[tuple[str, CacheSpec]]:
+    return [("Fast-dLLM dual cache (per block)", CacheSpec("dual"))]
+
+
+def _feature_rows(ks, released) -> list[tuple[str, CacheSpec]]:
+    share = released.share if released else 0.25  # the release's rho on every task
+    out = []
+    if released:
+        r = released
+        out.append((f"dLLM-Cache (K_p={r.prompt_every}, K_r={r.response_every}, rho={r.share:g})",
+                    CacheSpec("feature", r.response_every, r.prompt_every, r.share)))
+    return out + [(f"dLLM-Cache K={k}", CacheSpec("feature", k, k, share)) for k in ks]
+
+
+def _naive_rows(ks, released) -> list[tuple[str, CacheSpec]]:
+    return [(f"Naive reuse K={k}", CacheSpec("naive", k)) for k in ks]
+
+
+add_llada_cache(LladaCache("prefix", "tadm.caches.llada.prefix:prefix_backend", _prefix_rows))
+add_llada_cache(LladaCache("dual", "tadm.caches.llada.prefix:dual_backend", _dual_rows))
+add_llada_cache(LladaCache("feature", "tadm.caches.llada.feature:feature_backend", _feature_rows))
+add_llada_cache(LladaCache("naive", "tadm.caches.llada.naive:naive_backend", _naive_rows))
+
+__all__ = ["CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls", "resolve",
+           "tadm_calls"]

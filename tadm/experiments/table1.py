@@ -60,24 +60,23 @@ from typing import Callable
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapper
 from tqdm import tqdm
 
 from tadm import runtime
 from tadm.caches.catalog import tadm_calls
 from tadm.config import Params
 from tadm.config import notebook as nb
-from tadm.data import arithmetic, chat
-from tadm.data.tokenizer import load_tokenizer
+from tadm.data import arithmetic
 from tadm.errors import DataError
 from tadm.experiments import worker
+from tadm.experiments.diffusiongemma import (
+    DecoderLayerCalls, DecoderProbe, PromptIO, count_flops, fusion_model, load_models,
+)
 from tadm.io import atomic_write_json
 from tadm.metrics.bootstrap import paired_speedup
 from tadm.metrics.replicates import pooled_between, replicated_accuracy_delta
-from tadm.posttrain import model as dgm
 from tadm.posttrain.anchored import sampling_kwargs
-from tadm.posttrain.data import arithmetic_eval_set, left_pad
+from tadm.posttrain.data import arithmetic_eval_set
 from tadm.posttrain.train import fusion_runs
 from tadm.registry import DG_CACHES
 from tadm.tasks.suite import build_task
@@ -85,60 +84,6 @@ from tadm.tasks.suite import build_task
 # max_new_tokens per task in the paper (Sec. 6); arithmetic: one canvas
 PAPER_LENGTHS = {"gsm8k": 1024, "humaneval": 1024, "gpqa_diamond": 2048, "mmlu_pro": 2048,
                  "livecodebench": 2000, "aime": 4096}
-
-
-def _cpu_attention_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(q_shape, k_shape, v_shape)
-
-
-def _grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, *args, out_val=None,
-                      **kwargs) -> int:
-    """`torch._grouped_mm`, the MoE experts' matmul of transformers: groups of rows of `a` (or of
-    the shared dimension) each times their own matrix of `b`; `offs` ends the groups, so only
-    offs[-1] rows (columns) take part."""
-    if a.dim() == 3 and b.dim() == 3:  # one (m, k) @ (k, n) per group
-        return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
-    used = int(offs[-1]) if offs is not None and offs.numel() else None
-    if a.dim() == 2 and b.dim() == 3:  # row groups of a: (offs[-1], k) rows, each group @ its (k, n)
-        return 2 * (a.shape[0] if used is None else used) * a.shape[1] * b.shape[2]
-    if a.dim() == 2 and b.dim() == 2:  # groups along k: (m, k_g) @ (k_g, n), summed over groups
-        return 2 * a.shape[0] * (a.shape[1] if used is None else used) * b.shape[1]
-    # a (g, m, k) @ column groups of b (k, n_g)
-    return 2 * a.shape[1] * a.shape[2] * (b.shape[1] if used is None else used)
-
-
-# torch's counter knows the CUDA attention kernels but not the CPU one, and no grouped matmul (the
-# MoE experts of DiffusionGemma: without it every expert FLOP would be missing); count them too.
-# The grouped matmul's formula reads offs's values, so it takes the tensors, not their shapes.
-_FORMULAS = {**flop_registry,
-             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: shape_wrapper(_cpu_attention_flops),
-             torch.ops.aten._grouped_mm: _grouped_mm_flops}
-
-
-class FlopCount(TorchDispatchMode):
-    """Counts the floating-point operations (matmuls, attention, grouped matmuls) of every op run
-    inside it with torch's formulas (`torch.utils.flop_counter`). The total of FlopCounterMode
-    (tests/posttrain check they agree on a whole ``generate``), without its per-module breakdown
-    and op decompositions, which made counting a ``generate`` 1.4x slower."""
-
-    def __init__(self):
-        super().__init__()
-        self.total = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        formula = _FORMULAS.get(func._overloadpacket)
-        if formula is not None:
-            self.total += formula(*args, **kwargs, out_val=out)
-        return out
-
-
-def count_flops(fn: Callable[[], object]) -> int:
-    """Floating-point operations of `fn()` (matmuls and attention), as torch counts them."""
-    with FlopCount() as counter:
-        fn()
-    return counter.total
 
 
 @dataclass
@@ -167,54 +112,6 @@ def load_task(name: str, p: Params, sft_dir: Path, unsafe_host_execution: bool =
     prompts, score = build_task(name, source, limit=pt.eval_examples, unsafe_host_execution=unsafe_host_execution)
     length = PAPER_LENGTHS[name] if not pt.max_new_tokens else min(PAPER_LENGTHS[name], pt.max_new_tokens)
     return Task(name, prompts, score, length)
-
-
-class DecoderLayerCalls:
-    """Counts calls of the base's canvas-decoder layers (the paper's compute unit) with forward
-    hooks, whichever path -- transformers' decoder or the S / A / D split -- makes them."""
-
-    def __init__(self, base):
-        self.calls = 0
-        self._hooks = [layer.register_forward_hook(self._hook) for layer in base.model.decoder.layers]
-
-    def _hook(self, *_):
-        self.calls += 1
-
-    def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-
-
-class DecoderProbe:
-    """Time (and optionally FLOPs) spent in the per-step decoder calls of ``generate``.
-
-    ``generate`` calls ``self.forward`` of the model once per denoising step; the probe shadows
-    that attribute with a timed wrapper for the duration of a ``with`` block.
-    """
-
-    def __init__(self, owner, count_flops: bool = False):
-        self.owner, self.count_flops = owner, count_flops
-        self.seconds, self.flops = 0.0, 0
-
-    def __enter__(self) -> "DecoderProbe":
-        inner = self.owner.forward
-
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            if self.count_flops:
-                with FlopCount() as counter:
-                    out = inner(*args, **kwargs)
-                self.flops += counter.total
-            else:
-                out = inner(*args, **kwargs)
-            self.seconds += time.perf_counter() - t0
-            return out
-
-        self.owner.forward = timed
-        return self
-
-    def __exit__(self, *exc) -> None:
-        del self.owner.forward  # the class's forward again
 
 
 CONTROL = "Control (fresh anchor)"  # Table 1's control row (models/dg_fresh, K = 1)
@@ -264,33 +161,18 @@ class Method:
         return calls(steps, self.k, self.split, self.model, rows or 1) / steps
 
 
-class Runner:
+class Runner(PromptIO):
     """Generates with each method on a task (prompt batches, seeds) and times it; the prompt
     batches are split over the processes of `dist` (None: one process on the CPU)."""
 
     def __init__(self, p: Params, tokenizer, methods: list[Method], dist: runtime.Dist | None = None):
-        self.p, self.tok, self.methods = p, tokenizer, methods
         self.dist = dist or runtime.Dist()
-        self.device = self.dist.device
-        self.eos = tokenizer.eos_token_id
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        super().__init__(tokenizer, self.dist.device)
+        self.p, self.methods = p, methods
 
     def kwargs(self, max_new_tokens: int) -> dict:
         pt = self.p.posttrain
         return sampling_kwargs(pt.sample_steps, pt.entropy_bound, tuple(pt.temperature), max_new_tokens, self.eos, self.pad)
-
-    def encode(self, prompts: list[str]):
-        ids = chat.encode_prompts(self.tok, prompts)  # no-think chat turns, as the SFT canvases
-        x, m = left_pad(ids, self.pad)
-        return x.to(self.device), m.to(self.device)
-
-    def decode(self, sequences: torch.Tensor, prompt_len: int) -> list[str]:
-        texts = []
-        for row in sequences[:, prompt_len:].tolist():
-            if self.eos in row:
-                row = row[: row.index(self.eos)]
-            texts.append(self.tok.decode(row, skip_special_tokens=True))
-        return texts
 
     def batch_starts(self, n: int) -> list[int]:
         return list(range(0, n, self.p.posttrain.eval_batch_size))
@@ -401,29 +283,6 @@ def throughput(timed: list[tuple[int, float, float]], tokens_per_prompt: int) ->
             "tokens_per_s": size * tokens_per_prompt / statistics.median(seconds)}
 
 
-def _fusion_model(base, p: Params, directory: Path, fresh: bool = False):
-    """A TimeAnchoredDiffusionGemma on `base` with the trained fusion saved in `directory`."""
-    model = dgm.build_tadm(base, p, fresh=fresh)
-    dgm.load_fusion(model, directory)
-    model.fusion.to(dtype=base.dtype).eval()
-    return model
-
-
-def load_models(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None, control: bool = True):
-    """The frozen base, TADM with its trained fusion (models/dg_tadm), the fresh-anchor control
-    (models/dg_fresh; None unless `control`) and the tokenizer, on the device of `dist` (None:
-    `runtime.setup(p.runtime)`)."""
-
-    source = dgm.base_source(p, root)
-    local = p.posttrain.base_model == "local"
-    if local and not (Path(source) / "config.json").is_file():  # before any process group is set up
-        dgm.load_base(source, local=True)  # its one-line error
-    d = dist or runtime.setup(p.runtime)
-    base = dgm.load_base(source, p.posttrain.precision, d.device, local=local)
-    fresh = _fusion_model(base, p, root / dgm.FRESH_DIR, fresh=True) if control else None
-    return base, _fusion_model(base, p, root / dgm.TADM_DIR), fresh, load_tokenizer(source)
-
-
 def row_seeds(p: Params, family: str) -> list[int]:
     """A row's sampling seeds: posttrain.seeds, the training-free caches' posttrain.cache_seeds
     (which hold every seed of posttrain.seeds; [] = posttrain.seeds)."""
@@ -483,7 +342,7 @@ def _replicate_model(base, p: Params, run):
     if not (run.model / "fusion.safetensors").is_file():
         raise DataError(f"{run.model}: no fusion replicate here (posttrain.replicates is {p.posttrain.replicates}; "
                         f"run dvc repro train, or alone: {run.command})")
-    return _fusion_model(base, p, run.model, fresh=run.fresh)
+    return fusion_model(base, p, run.model, fresh=run.fresh)
 
 
 def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:

@@ -24,7 +24,7 @@ from tadm.errors import ConfigError
 from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma, sampling_kwargs
 from tadm.posttrain.backbone import SplitDiffusionGemma
 from tadm.posttrain.fusion import PairedAttentionFusion
-from tadm.experiments.table1 import DecoderLayerCalls
+from tadm.experiments.diffusiongemma import DecoderLayerCalls
 
 SPLIT = (1, 3, 2)  # L = 6 layers: 5 sliding, the last full attention
 L = sum(SPLIT)

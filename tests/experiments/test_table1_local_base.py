@@ -8,7 +8,7 @@ import pytest
 
 from tadm import config
 from tadm.errors import DataError
-from tadm.experiments import table1
+from tadm.experiments import diffusiongemma
 from tests.conftest import micro_raw
 
 
@@ -18,7 +18,7 @@ def test_load_models_without_the_trained_base_names_the_train_stage(tmp_path, mo
     p = config.from_dict(micro_raw())
     assert p.posttrain.base_model == "local"
     with pytest.raises(DataError) as e:
-        table1.load_models(p, Path(root))
+        diffusiongemma.load_models(p, Path(root))
     message = str(e.value)
     assert "\n" not in message
     assert message.startswith(f"{Path(root) / 'models/dg_base'}: no DiffusionGemma checkpoint here"), message

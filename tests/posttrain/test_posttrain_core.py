@@ -176,7 +176,7 @@ def test_refresh_every_is_validated(tiny_base):
 
 
 def test_flop_count_includes_cpu_attention():
-    from tadm.experiments.table1 import count_flops
+    from tadm.experiments.diffusiongemma import count_flops
 
     q = torch.randn(2, 4, 16, 32)
     assert count_flops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)) == 2 * 2 * 2 * 4 * 16 * 16 * 32
@@ -186,7 +186,7 @@ def test_flop_count_includes_cpu_attention():
 
 def test_flop_count_includes_the_experts_grouped_matmul():
     """torch._grouped_mm (DiffusionGemma's MoE experts): only the rows up to offs[-1] take part."""
-    from tadm.experiments.table1 import count_flops
+    from tadm.experiments.diffusiongemma import count_flops
 
     a, b = torch.randn(10, 8), torch.randn(3, 8, 12)  # strides: multiples of 16 bytes
     offs = torch.tensor([2, 6, 9], dtype=torch.int32)  # the 10th row belongs to no group
@@ -200,7 +200,7 @@ def test_flop_count_is_torch_counter_plus_the_experts(tiny_base):
     2 matmuls (gate_up, down) of top_k rows per token, per decoder call."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tadm.experiments.table1 import _cpu_attention_flops, _grouped_mm_flops, count_flops
+    from tadm.experiments.diffusiongemma import _cpu_attention_flops, _grouped_mm_flops, count_flops
 
     ids, kw = prompts(), gen_kwargs()
     torch.manual_seed(0)
@@ -233,7 +233,7 @@ def count_flops_of_grouped_mm(fn, formula) -> int:
 
 def test_flop_bound_of_reuse_is_below_the_base(tiny_base):
     """Counted over whole generate calls: K = 2 costs less than the base, K = 1 the same."""
-    from tadm.experiments.table1 import count_flops
+    from tadm.experiments.diffusiongemma import count_flops
 
     ids = prompts()
     flops = {}
@@ -246,7 +246,7 @@ def test_flop_bound_of_reuse_is_below_the_base(tiny_base):
 
 
 def test_layer_call_hooks_count_both_paths(tiny_base):
-    from tadm.experiments.table1 import DecoderLayerCalls
+    from tadm.experiments.diffusiongemma import DecoderLayerCalls
 
     ids = prompts()
     counter = DecoderLayerCalls(tiny_base)

@@ -16,7 +16,7 @@ residual stream itself is never cached. A step of a canvas is
 
 dLLM-Cache's prompt cache (K_p) has nothing to do here: DiffusionGemma's prompt lives in the
 encoder's KV cache, computed once per canvas and exact. Stock layer calls are counted by
-:class:`tadm.experiments.table1.DecoderLayerCalls`'s hooks as for every other row; the partial
+:class:`tadm.experiments.diffusiongemma.DecoderLayerCalls`'s hooks as for every other row; the partial
 work is counted in ``partial_layer_calls`` (sum of n_sel / N over the partial layers).
 
 With K_r = 1 every step takes the stock path, and with share = 1 the partial path recomputes

@@ -53,7 +53,9 @@ from tadm.asrd.decode import DecodeSettings, decode
 from tadm.asrd.train import MODEL_DIR, task_sets
 from tadm.config import Params
 from tadm.errors import DataError
+from tadm.experiments import diffusiongemma
 from tadm.experiments.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Variant, _settings, backend_of, variants  # noqa: F401 - the comparison's names
+from tadm.experiments.table1 import speed_cell
 from tadm.io import atomic_write_json
 
 SWEEPS = ("capacity", "window", "block_size")
@@ -127,13 +129,11 @@ class DiffusionGemmaRunner(Batches):
     name = "diffusiongemma"
 
     def __init__(self, p: Params, root: Path, dist: runtime.Dist | None = None):
-        from tadm.experiments import table1
-
         self.dist = dist or runtime.setup(p.runtime)
-        # Table 1's loading (base, split, trained fusion, tokenizer) and its prompt encoding /
+        # Table 1's loading (base, split, trained fusion, tokenizer), prompt encoding and
         # completion decoding
-        _, self.tadm, _, tok = table1.load_models(p, root, self.dist, control=False)
-        self.io = table1.Runner(p, tok, [], self.dist)
+        _, self.tadm, _, tok = diffusiongemma.load_models(p, root, self.dist, control=False)
+        self.io = diffusiongemma.PromptIO(tok, self.dist.device)
         self.canvas, self.batch = p.posttrain.canvas_length, p.asrd.batch_size
 
     def backend(self, refresh_every: int) -> Backend:
@@ -289,8 +289,6 @@ def _pts(x: float) -> str:
 
 
 def to_markdown(df) -> str:
-    from tadm.experiments.table1 import speed_cell
-
     head = ("| Task | Model | Method | Accuracy (%) | Δ vs LLaDA (pts) | Δ vs own base (pts) | Tokens/s | Speed-up "
             "| Model calls / batch | Layer calls / batch | Compute × own base | Checked / seq. | Remasked / seq. |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")

@@ -147,7 +147,7 @@ def test_no_device_type_string_literals_outside_the_runtime_module():
     from tadm.config import ROOT
 
     files = [*sorted((ROOT / "tadm" / "experiments").rglob("*.py")), *sorted((ROOT / "tadm" / "metrics").glob("*.py")),
-             ROOT / "tadm" / "asrd" / "compare.py", ROOT / "tadm" / "asrd" / "backends.py"]
+             ROOT / "tadm" / "asrd" / "backends.py"]  # the ASRD comparison is under experiments/
     for f in files:
         text = f.read_text()
         for literal in ('"cpu"', "'cpu'", '"cuda"', "'cuda'"):

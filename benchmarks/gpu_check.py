@@ -12,8 +12,10 @@ machine's accelerator, and how fast? One command, one table (benchmarks/gpu_chec
         weights cast to bf16 once (tadm.runtime.cast_for_autocast, as the sample stage does):
         tokens/s and measured / FLOP-bound speed-up vs MDLM and vs ADLM -- batch 1 first (the
         whole trajectory), then batch 1 with CUDA graphs (runtime.cuda_graphs) beside it, then
-        the largest batch that fits (probed on the first `--probe-steps` steps of a T = 2048
-        trajectory; any out-of-memory RuntimeError ends the probe, never the section), timed on
+        the largest batch that fits (doubled from 1 on the first `--probe-steps` steps of a T = 2048
+        trajectory up to `--max-batch`, by default twice the memory estimate `batch_cap`; any
+        out-of-memory RuntimeError ends the probe, never the section; a failure at batch 1 is
+        reported as batch 0 and the timing skipped), timed on
         the first `--big-steps` steps of a T = 2048 trajectory (tokens/s normalised to T)
     (d) one scoring batch (Gen PPL + MAUVE features from one forward) with a GPT-2-Large-shaped
         random evaluator in bf16
@@ -257,14 +259,36 @@ def _sample_once(models, name: str, k: int | None, steps: int, batch: int, L: in
     return secs, adapter.counter.flops, calls[0]
 
 
-def _largest_batch(models, L: int, T: int, device, precision: str, cap: int, probe_steps: int) -> tuple[int, str]:
+def sampling_bytes_per_sequence(p: config.Params, precision: str) -> int:
+    """Memory one sequence of a sampling batch holds at the peak of an ADLM step, the heaviest row
+    (an estimate, in the terms of tadm.memory_estimate): the anchor head's logits over the whole
+    canvas, L x (V + 1), with their softmax and the fp32 copy the sampler reads (LOGIT_COPIES), and
+    one block's activations, L x (4 + 2 mlp_ratio) d; nothing is kept for a backward pass."""
+    from tadm import memory_estimate as mem
+
+    a = 2 if precision == "bf16" else 4
+    L, d, V = p.packing.seq_len, p.model.d_model, p.tokenizer.vocab_size
+    return L * (mem.LOGIT_COPIES * 4 * (V + 1) + a * (4 + 2 * p.model.mlp_ratio) * d)
+
+
+def batch_cap(p: config.Params, precision: str, total_bytes: int, weights_bytes: int = 0) -> tuple[int, int]:
+    """(the probe's cap, the estimate): the estimate is the batch whose sequences fill the device's
+    memory less the weights (`sampling_bytes_per_sequence`); the cap is the power of two at or
+    above twice it, so the doubling probe ends on a real failure, not on a guess."""
+    estimate = max(1, (total_bytes - weights_bytes) // sampling_bytes_per_sequence(p, precision))
+    return 1 << max(0, math.ceil(math.log2(2 * estimate))), int(estimate)
+
+
+def _largest_batch(models, L: int, T: int, device, precision: str, cap: int, probe_steps: int,
+                   estimate: int | None = None) -> tuple[int, str]:
     """Double the batch until the first `probe_steps` steps of a T-step trajectory of the
     heaviest methods (ADLM, TADM K=1) fail: any RuntimeError ends the probe (torch's
     OutOfMemoryError and the allocation failures cuBLAS / cuDNN raise as plain RuntimeError),
-    never the section. Returns (the largest batch that ran, a note)."""
+    never the section. Returns (the largest batch that ran, 0 when batch 1 failed; a note)."""
     if device.type != "cuda":
         return min(cap, 4), f"not probed on {device.type}"
-    best, b, note = 1, 1, f"no failure up to --max-batch {cap}"
+    guess = f" (memory estimate: {estimate})" if estimate else ""
+    best, b, note = 0, 1, ""
     while b <= cap:
         failed = None
         torch.cuda.reset_peak_memory_stats(device)
@@ -275,11 +299,11 @@ def _largest_batch(models, L: int, T: int, device, precision: str, cap: int, pro
             failed = f"batch {b}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
         torch.cuda.empty_cache()
         if failed:
-            note = failed
+            note = (f"{failed}: nothing runs" if best == 0 else failed) + guess
             break
         peak = torch.cuda.max_memory_allocated(device) / 2**30
         best, b = b, b * 2
-        note = f"peak {peak:.1f} GiB at batch {best}; no failure up to --max-batch {cap}"
+        note = f"peak {peak:.1f} GiB at batch {best}; no failure up to the cap {cap}{guess}"
     return best, note
 
 
@@ -341,10 +365,17 @@ def check_sampling(t: Table, args, device: torch.device) -> None:
                 h.remove()
     # the largest batch that fits, probed and timed on the first steps of a T-step trajectory
     probe = min(args.probe_steps, T)
-    big, note = _largest_batch(models, L, T, device, precision, args.max_batch, probe)
+    cap, estimate = args.max_batch, None
+    if cap is None:  # from the memory estimate (`batch_cap`); CPU: 4
+        cap = 4
+        if device.type == "cuda":
+            weights = sum(q.numel() * q.element_size() for m in models.values() for q in m.parameters())
+            cap, estimate = batch_cap(p, precision, torch.cuda.get_device_properties(device).total_memory, weights)
+    big, note = _largest_batch(models, L, T, device, precision, cap, probe, estimate)
     t.add("c sample", f"largest batch (first {probe} steps of T={T}, ADLM and TADM K=1)", big, note)
-    report(big, *timed(big, min(args.big_steps, T)))
-    del models
+    if big:
+        report(big, *timed(big, min(args.big_steps, T)))
+    models.clear()  # the networks freed before the next section (the closures above hold the dict)
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -443,14 +474,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-steps", type=int, default=2048, help="T of the sampling check")
     ap.add_argument("--big-steps", type=int, default=64, help="steps of a T-step trajectory timed at the largest batch")
     ap.add_argument("--probe-steps", type=int, default=4, help="steps of a T-step trajectory the batch probe runs")
-    ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--max-batch", type=int, default=None,
+                    help="cap of the batch probe (default: twice the memory estimate, benchmarks' batch_cap)")
     ap.add_argument("--score-batch", type=int, default=16)
     ap.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: by GPU name)")
     ap.add_argument("--out", default=None, help="write gpu_check.{md,json} into this directory")
     args = ap.parse_args(argv)
     if args.smoke:
         args.train_steps, args.train_batch = min(args.train_steps, 3), min(args.train_batch, 8)
-        args.sample_steps, args.big_steps, args.max_batch = min(args.sample_steps, 8), 4, 4
+        args.sample_steps, args.big_steps, args.max_batch = min(args.sample_steps, 8), 4, min(args.max_batch or 4, 4)
         args.probe_steps = min(args.probe_steps, 2)
     if args.compile_backend is None:
         args.compile_backend = "aot_eager" if args.smoke else "inductor"

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import micro_raw
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -83,7 +85,29 @@ def test_the_batch_probe_ends_on_any_runtime_error_and_keeps_the_last_batch_that
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(gc, "_sample_once", oom)
-    assert gc._largest_batch({}, 1024, 2048, torch.device("cuda"), "bf16", cap=256, probe_steps=4)[0] == 1
+    big, note = gc._largest_batch({}, 1024, 2048, torch.device("cuda"), "bf16", cap=256, probe_steps=4, estimate=300)
+    assert big == 0 and note.startswith("batch 1: OutOfMemoryError") and "nothing runs" in note  # not "batch 1"
+
+    monkeypatch.setattr(gc, "_sample_once", lambda *a, **k: (1.0, 1, 4))  # nothing fails: the cap ends it
+    seen_cap = gc._largest_batch({}, 1024, 2048, torch.device("cuda"), "bf16", cap=16, probe_steps=4, estimate=8)
+    assert seen_cap[0] == 16 and "no failure up to the cap 16 (memory estimate: 8)" in seen_cap[1]
+
+
+def test_the_batch_cap_is_twice_the_memory_estimate_rounded_up_to_a_power_of_two():
+    gc = _gpu_check()
+    from tadm import config
+
+    p = config.from_dict(micro_raw())
+    per = gc.sampling_bytes_per_sequence(p, "bf16")
+    L, V = p.packing.seq_len, p.tokenizer.vocab_size
+    assert per > 3 * 4 * L * (V + 1)  # at least the anchor head's logits, softmax and fp32 copy
+    cap, estimate = gc.batch_cap(p, "bf16", total_bytes=100 * per + 10, weights_bytes=10)
+    assert (estimate, cap) == (100, 256)
+    assert gc.batch_cap(p, "bf16", total_bytes=per // 2)[0] == 2  # less than one sequence: probe 1 and 2
+    # the paper profile on a 141 GB GPU: the estimate is a few hundred sequences, beyond the old fixed 256
+    paper = config.from_dict(config.render_profile("paper"))
+    cap, estimate = gc.batch_cap(paper, "bf16", total_bytes=141 * 10**9, weights_bytes=10**9)
+    assert cap >= 2 * estimate and 128 < estimate < 1024
 
 
 @pytest.mark.parametrize("name", ["mdlm", "tadm"])

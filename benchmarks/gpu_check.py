@@ -22,6 +22,10 @@ machine's accelerator, and how fast? One command, one table (benchmarks/gpu_chec
     (e) one TADM:Post-train step (fusion training on rollouts, CE + KD) and one `generate` of a
         small random DiffusionGemma with anchor reuse
 
+Before any section runs, a pre-flight (`preflight`) checks what the chosen sections need --
+a C compiler, and on CUDA Triton and the Python headers, for Inductor; compute capability >= 8.0
+and free device memory -- and stops with exit 2 and one line naming what is missing.
+
 Random weights everywhere: speed does not depend on them, and nothing is downloaded.
 `--smoke` runs every section at micro sizes on whatever device there is (the test suite runs
 it on the CPU so that this script cannot rot between GPU sessions; there the compiled training
@@ -459,6 +463,43 @@ def check_posttrain(t: Table, args, device: torch.device) -> None:
 
 # ----------------------------------------------------------------------------- main
 
+# ----------------------------------------------------------------------------- pre-flight
+
+MIN_FREE_GIB = 8  # below this much free device memory the paper-size sections cannot run
+
+
+def preflight(device: torch.device, sections: str, compile_backend: str, smoke: bool = False) -> list[tuple[str, bool, str]]:
+    """What the chosen sections need of this machine, checked before any runs: (check, ok, what
+    it is or what to do). Inductor (section a's compiled rows, with --compile-backend inductor)
+    needs a C compiler, and on CUDA Triton and the Python headers; the sampling and training
+    sections want a device with bf16 (compute capability >= 8.0) and free memory."""
+    import importlib.util
+    import shutil
+    import sysconfig
+
+    out = []
+    if "a" in sections and compile_backend == "inductor":
+        cc = os.environ.get("CC") or next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+        found = bool(cc and shutil.which(cc))
+        out.append(("C compiler (Inductor)", found, shutil.which(cc) if found else
+                    "none on PATH: install gcc, or pass --compile-backend aot_eager"))
+        if device.type == "cuda":
+            header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+            out.append(("Python.h (Triton)", header.is_file(), str(header) if header.is_file() else
+                        f"{header} missing: install the python3-dev headers, or pass --compile-backend aot_eager"))
+            triton = importlib.util.find_spec("triton") is not None
+            out.append(("triton import (Inductor on CUDA)", triton, "found" if triton else
+                        "not installed: pip install the triton wheel matching torch, or --compile-backend aot_eager"))
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        out.append(("compute capability >= 8.0 (bf16)", (major, minor) >= (8, 0), f"{major}.{minor}"))
+        free, total = torch.cuda.mem_get_info(device)
+        need = 1 if smoke else MIN_FREE_GIB
+        out.append((f"free device memory >= {need} GiB", free >= need * 2**30,
+                    f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"))
+    return out
+
+
 SECTIONS = {"a": check_training, "b": check_resume, "c": check_sampling, "d": check_scoring, "e": check_posttrain}
 
 
@@ -495,6 +536,13 @@ def main(argv: list[str] | None = None) -> int:
     head = f"gpu_check{' --smoke' if args.smoke else ''} on {hw}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
     print(head, flush=True)
     t, failures = Table(), 0
+    checks = preflight(device, args.sections, args.compile_backend, args.smoke)
+    for check, ok, detail in checks:
+        t.add("pre-flight", check, "ok" if ok else "MISSING", detail)
+    missing = [f"{check}: {detail}" for check, ok, detail in checks if not ok]
+    if missing:
+        print(f"gpu_check: pre-flight failed, no section ran: {'; '.join(missing)}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         for key in args.sections:

@@ -123,3 +123,20 @@ def test_mfu_uses_the_model_flops_of_tadm_compute(name):
     forward = (m.mdlm_layers * blk + head / 2 if name == "mdlm"
                else (m.anchor_layers + m.denoiser_layers) * blk + fusion_flops(m.d_model) + head)
     assert train_step_flops_per_token(name, m, V, L) == pytest.approx(3 * forward)
+
+
+def test_the_pre_flight_names_what_is_missing_before_any_section_runs(monkeypatch, capsys):
+    gc = _gpu_check()
+    import shutil
+
+    ran = []
+    monkeypatch.setattr(gc, "SECTIONS", {k: (lambda *a, k=k: ran.append(k)) for k in "abcde"})
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no compiler on PATH
+    assert gc.main(["--device", "cpu", "--sections", "a", "--compile-backend", "inductor"]) == 2
+    err = capsys.readouterr().err
+    assert ran == [] and "pre-flight failed, no section ran: C compiler (Inductor): none on PATH" in err
+    assert "--compile-backend aot_eager" in err
+    # what a section does not need is not asked for: aot_eager, or no training section
+    assert gc.preflight(torch.device("cpu"), "a", "aot_eager") == []
+    assert gc.preflight(torch.device("cpu"), "cde", "inductor") == []

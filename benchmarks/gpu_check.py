@@ -479,10 +479,10 @@ def preflight(device: torch.device, sections: str, compile_backend: str, smoke: 
 
     out = []
     if "a" in sections and compile_backend == "inductor":
-        cc = os.environ.get("CC") or next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
-        found = bool(cc and shutil.which(cc))
-        out.append(("C compiler (Inductor)", found, shutil.which(cc) if found else
-                    "none on PATH: install gcc, or pass --compile-backend aot_eager"))
+        names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]  # $CC, when set, is the one
+        compiler = next(filter(None, map(shutil.which, names)), None)
+        out.append(("C compiler (Inductor)", compiler is not None,
+                    compiler or "none on PATH: install gcc, or pass --compile-backend aot_eager"))
         if device.type == "cuda":
             header = Path(sysconfig.get_paths()["include"]) / "Python.h"
             out.append(("Python.h (Triton)", header.is_file(), str(header) if header.is_file() else

@@ -4,9 +4,9 @@ loss on important tokens; the validation bound is the denoiser's NELBO."""
 
 from __future__ import annotations
 
-from tadm import compute, memory_estimate as mem
+from tadm import compute
 from tadm.losses import adlm_anchor_readout, nelbo_from_rows, subs_readout
-from tadm.methods.base import Method, Row
+from tadm.methods.base import AnchoredMethod, Row
 from tadm.models.adlm import ADLM
 from tadm.sampling.adapters import ADLMAdapter
 
@@ -16,12 +16,11 @@ from tadm.sampling.adapters import ADLMAdapter
 ADLM_RAMP_SLOPE = 1.0
 
 
-class ADLMMethod(Method):
+class ADLMMethod(AnchoredMethod):
     names = ("adlm",)
     model = ADLM
     adapter = ADLMAdapter
     steps_in_objective = True  # the ramp reads step / train.steps
-    heads = 2  # the anchor's and the denoiser's
     rows = (Row("adlm", "ADLM", "adlm", "remdm-loop"),)
 
     def _terms(self, model, x, gen):
@@ -43,14 +42,8 @@ class ADLMMethod(Method):
         return [model.anchor_final, model.denoiser_in]  # the anchor's head and the input map, on the whole canvas
 
     @classmethod
-    def layers(cls, m):
-        return m.anchor_layers + m.denoiser_layers
-
-    @classmethod
-    def parameters(cls, name, m, vocab_size):
-        d, v = m.d_model, cls.vocabulary(vocab_size)
-        return 2 * v * d + cls.layers(m) * mem.block_parameters(d, m.mlp_ratio) + 2 * mem.head_parameters(d, v) \
-            + 2 * mem.COND_PARAMS + d  # the second V' d (+ d): Linear(V', d) reading the anchor's logits
+    def joint_parameters(cls, m, vocab_size):
+        return cls.vocabulary(vocab_size) * m.d_model + m.d_model  # Linear(V', d) reading the anchor's logits
 
     @classmethod
     def forward_flops(cls, name, cfg, vocab_size, seq_len, head_rows):

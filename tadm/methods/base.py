@@ -153,3 +153,26 @@ class Method:
         return cls.layers(cfg) * compute.dit_block_flops(cfg.d_model, seq_len, cfg.mlp_ratio) \
             + compute.lm_head_flops(cfg.d_model, vocab_size + 1) * head_rows
 
+
+class AnchoredMethod(Method):
+    """A method with two networks, an anchor and a denoiser (ADLM, TADM): their layers, two
+    heads and two conditioning embedders. A subclass states what joins them, ``joint_parameters``
+    (ADLM: a map from the anchor's logits; TADM: the fusion), and its FLOPs."""
+
+    heads: ClassVar[int] = 2  # the anchor's and the denoiser's
+
+    @classmethod
+    def layers(cls, m: ModelConfig) -> int:
+        return m.anchor_layers + m.denoiser_layers
+
+    @classmethod
+    def joint_parameters(cls, m: ModelConfig, vocab_size: int) -> int:
+        """Parameters of what feeds the anchor's output into the denoiser."""
+        raise NotImplementedError
+
+    @classmethod
+    def parameters(cls, name: str, m: ModelConfig, vocab_size: int) -> int:
+        v = cls.vocabulary(vocab_size)
+        return v * m.d_model + cls.layers(m) * mem.block_parameters(m.d_model, m.mlp_ratio) \
+            + 2 * mem.head_parameters(m.d_model, v) + 2 * mem.COND_PARAMS + cls.joint_parameters(m, vocab_size)
+

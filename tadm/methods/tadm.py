@@ -12,19 +12,18 @@ from __future__ import annotations
 from tadm import compute, memory_estimate as mem
 from tadm.forward_process import sample_times, stale_pair
 from tadm.losses import nelbo_from_rows, subs_readout, t_anelbo_rows
-from tadm.methods.base import EPS, Method, Row
+from tadm.methods.base import EPS, AnchoredMethod, Row
 from tadm.models.tadm import TADM
 from tadm.sampling.adapters import TADMAdapter
 
 GAMMA0_RUNS = ("tadm_gamma0",)  # runs that train without the anchor loss (TADM†)
 
 
-class TADMMethod(Method):
+class TADMMethod(AnchoredMethod):
     names = ("tadm", "tadm_gamma0")
     model = TADM
     adapter = TADMAdapter
     refreshes = True
-    heads = 2  # the denoiser's and the training-only anchor head
     rows = (
         Row("tadm_gamma0", "TADM† (γ=0)", "tadm_gamma0", "remdm-loop"),
         Row("tadm", "TADM‡ (γ=3e-3)", "tadm", "remdm-loop"),
@@ -64,14 +63,8 @@ class TADMMethod(Method):
         return TADMAdapter(model, refresh, bypass_fusion=bypass_fusion)
 
     @classmethod
-    def layers(cls, m):
-        return m.anchor_layers + m.denoiser_layers
-
-    @classmethod
-    def parameters(cls, name, m, vocab_size):
-        d, v = m.d_model, cls.vocabulary(vocab_size)
-        return v * d + cls.layers(m) * mem.block_parameters(d, m.mlp_ratio) + 2 * mem.head_parameters(d, v) \
-            + 2 * mem.COND_PARAMS + mem.fusion_parameters(d)
+    def joint_parameters(cls, m, vocab_size):
+        return mem.fusion_parameters(m.d_model)  # the fusion Phi
 
     @classmethod
     def forward_flops(cls, name, cfg, vocab_size, seq_len, head_rows):

@@ -19,7 +19,8 @@ other settings are refused with a one-line error naming the changed keys, never 
 for ADLM, whose anchor weight ramps over a fraction of it): the learning rate is constant after
 warm-up, so a finished run extended to more steps continues exactly as a longer run would.
 
-Speed on a GPU: AdamW's fused kernel, a multi-tensor EMA update, one host sync per logged step
+Speed on a GPU: each step's tokens in pinned memory, copied without blocking while the step
+before computes (:func:`step_tokens`); AdamW's fused kernel, a multi-tensor EMA update, one host sync per logged step
 (the loss is accumulated on the device), ``runtime.compile`` -> ``torch.compile`` of each
 transformer block and TADM's fusion (:func:`compile_blocks`; the masked-row readout and the
 heads stay eager), bf16 autocast (``train.precision``). The CPU path keeps torch's default
@@ -220,6 +221,19 @@ class GlobalBatches:
         return out
 
 
+def step_tokens(data: PackedTokens, idx: list[int], mine: list[int], micro: int,
+                device: torch.device) -> tuple[torch.Tensor, ...]:
+    """This process's micro-batches of a step, (micro, L) each on `device`: batch j of `mine`
+    is samples idx[j*micro:(j+1)*micro]. On a GPU the tokens are stacked into pinned host memory
+    and moved by one non-blocking copy, so the host never waits on the device here (the loop
+    issues step s+1's copy while step s computes); on the CPU the split is of the stack itself."""
+    rows = [i for j in mine for i in idx[j * micro:(j + 1) * micro]]
+    host = torch.stack([torch.from_numpy(data[i]) for i in rows])
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True).split(micro)
+
+
 # ----------------------------------------------------------------------------- EMA
 
 
@@ -415,14 +429,14 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
                unit="step", disable=not d.main)
     t_last, steps_since = time.perf_counter(), 0
     watch = FiniteWatch(name, d.device)
+    def tokens(step: int) -> tuple[torch.Tensor, ...]:
+        return step_tokens(train_data, batches.indices(step), mine, p.train.micro_batch, d.device)
+    xs = tokens(start) if start < p.train.steps else ()
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, p)
-        idx = batches.indices(step)
         loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)  # read once per logged step
-        for k, j in enumerate(mine):
-            chunk = idx[j * p.train.micro_batch:(j + 1) * p.train.micro_batch]
-            x = torch.stack([torch.from_numpy(train_data[i]) for i in chunk]).to(d.device)
+        for k, (j, x) in enumerate(zip(mine, xs)):
             gen = torch.Generator(device=d.device).manual_seed(_seed(p.seed, step, j))
             if p.model.dropout:  # dropout draws from the global generators: seed them the same way
                 torch.manual_seed(_seed(p.seed, step, j, 0xD809))
@@ -433,6 +447,8 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
                     loss = per_seq.float().sum() / x.numel()
                 (loss / len(mine)).backward()
             loss_sum += loss.detach().double()
+        if step + 1 < p.train.steps:  # the next step's tokens: copied while this step computes
+            xs = tokens(step + 1)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.train.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)

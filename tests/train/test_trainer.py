@@ -179,3 +179,17 @@ def test_learning_rate_schedules_against_their_closed_forms():
     assert math.isclose(learning_rate(110, cos), 1e-4)
     assert "steps" in run_settings("mdlm", cos, Path(__file__))["train"]
     assert "steps" not in run_settings("mdlm", const, Path(__file__))["train"]
+
+
+def test_step_tokens_are_this_process_micro_batches_in_order():
+    """step_tokens(...) gives micro-batch j of `mine` = samples idx[j*m:(j+1)*m], stacked, on
+    the device; the same tensors the loop used to stack one micro-batch at a time."""
+    import numpy as np
+    from tadm.train.trainer import step_tokens
+    data = [np.arange(i * 4, i * 4 + 4, dtype=np.int64) for i in range(12)]
+    idx = [5, 2, 9, 0, 11, 3, 7, 1]  # a global batch of 8, micro-batches of 2
+    xs = step_tokens(data, idx, [1, 3], 2, torch.device("cpu"))
+    assert [tuple(x.shape) for x in xs] == [(2, 4), (2, 4)]
+    for x, j in zip(xs, [1, 3]):
+        expected = torch.stack([torch.from_numpy(data[i]) for i in idx[j * 2:(j + 1) * 2]])
+        assert torch.equal(x, expected)

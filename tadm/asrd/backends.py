@@ -25,7 +25,10 @@ embeddings into next-state logits, and counts what that cost:
   as the release's ``generate`` passes ``attention_mask``. Its training-free caches (Fast-dLLM's
   prefix / dual cache, dLLM-Cache, naive reuse) are backends of `tadm.caches.llada`.
 
-`decode` calls `begin_block(lo, hi)` before each semi-AR block (a no-op here). `layer_calls`
+`decode` calls `begin_block(lo, hi)` before each semi-AR block (a no-op here), and after a block
+that took fewer passes than the backend's `min_block_passes` (1 here) it makes the rest as passes
+on the decided block whose logits nothing reads (Fast-dLLM's per-block caches: 2, as its loop
+does; `tadm.caches.llada.prefix`). `layer_calls`
 counts layer calls; `layer_calls_weighted` weights each by the share of the canvas it computed
 (the same number for every backend here).
 """
@@ -55,6 +58,7 @@ class Backend(abc.ABC):
     reads_decided: bool = False
     mask_id: int | None = None
     vocab_size: int = 0
+    min_block_passes: int = 1  # passes `decode` makes per semi-AR block at least (module docstring)
 
     def __init__(self, refresh_every: int = 1):
         if not isinstance(refresh_every, int) or refresh_every < 1:

@@ -38,7 +38,12 @@ a uniform-state model; see `tadm.asrd.backends`). Methods:
   but read by nothing.
 
 Before a block's first step the backend hears `begin_block(lo, hi)` (canvas positions lo..hi-1),
-which a cache refreshed per block uses (`tadm.caches.llada`); the others ignore it.
+which a cache refreshed per block uses (`tadm.caches.llada`); the others ignore it. A backend
+whose `min_block_passes` is above the passes a block took gets the rest after the block, as
+passes on the canvas with the block decided whose logits nothing reads (`_Run.idle_pass`): they
+count as model calls, not as steps, and change no token. Fast-dLLM's per-block caches set 2: the
+release's loop always follows a block's first (full) pass with a cached pass, even when the
+first pass decided the whole block (the cached pass then decides nothing).
 
 The token chosen at a position is the argmax (temperature 0) or a draw from softmax(logits /
 temperature); its confidence is its probability under softmax(logits). Random draws of the
@@ -291,6 +296,12 @@ class _Run:
             self.atc.select(self.z, self.decided, self.region)
         return commit, revoke
 
+    def idle_pass(self) -> None:
+        """One model pass on the current canvas whose logits nothing reads (module docstring).
+        The input is the one the next step would get; an absorbing-state backend's `fill`
+        draws nothing, so the random stream is unchanged."""
+        self.backend.logits(self.backend.fill(self.z, ~self.decided, self.gen))
+
     def block_done(self, active: Tensor, steps_left: int) -> bool:
         """Whether the block may end before its last step: every position decided and (asrd)
         no candidate left for the next pass to check (`steps_left`: steps after this one)."""
@@ -322,6 +333,7 @@ def decode(backend: Backend, canvas: Tensor, region: Tensor, cfg: DecodeSettings
             active = torch.zeros_like(run.region)
             active[:, positions] = True
             backend.begin_block(int(positions[0]), int(positions[-1]) + 1)
+            calls_before = backend.counters.calls
             for j in range(per_block):
                 if cfg.method in ("plain", "remdm"):
                     committed, revoked = run.factored_step(active, j, per_block)
@@ -336,5 +348,7 @@ def decode(backend: Backend, canvas: Tensor, region: Tensor, cfg: DecodeSettings
             left = int((~run.decided & active).sum())
             if left:
                 raise RuntimeError(f"method {cfg.method!r} left {left} undecided positions at the end of block {b}")
+            for _ in range(backend.min_block_passes - (backend.counters.calls - calls_before)):
+                run.idle_pass()
     seconds = time.perf_counter() - start
     return DecodeResult(run.z, dataclasses.replace(backend.counters), step, run.remasked, run.verified, seconds, cfg)

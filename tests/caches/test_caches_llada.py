@@ -195,6 +195,51 @@ def test_prefix_and_dual_counts_are_the_closed_forms(model, k):
     assert dual.layer_calls_weighted < prefix.layer_calls_weighted < 4 * G
 
 
+FIRST_PASS = LOW.replace(threshold=0.05)  # on the tiny model the full pass decides some blocks whole
+
+
+def _release_calls(passes: list[int]) -> int:
+    """Model calls of the release's loop (Fast-dLLM @24cc59e, `generate_with_prefix_cache` /
+    `generate_with_dual_cache`, threshold set), traced by hand, for blocks that a loop stopping
+    as soon as the block is decided finishes in `passes` passes each. The release makes the
+    block's full pass, then ``while True``: a cached pass, break once the block is decided. Its
+    cached passes commit what passes 2.. commit, and a block the full pass decided still gets
+    one cached pass (it decides nothing): 1 + max(1, n - 1) calls a block."""
+    return sum(1 + max(1, n - 1) for n in passes)
+
+
+@pytest.mark.parametrize("dual", [False, True], ids=["prefix", "dual"])
+def test_per_block_caches_count_the_release_loops_cached_pass(model, dual):
+    """Refreshed per block, a block the full pass decided still costs one reuse pass (the
+    release's count); it decides nothing, so the tokens are those of stopping at once."""
+    blocks = [(P + i, P + i + BLOCK) for i in range(0, G, BLOCK)]
+    ids, region, padding = canvas(model)
+    backend = C.LladaPrefixCacheBackend(model, "block", dual=dual)
+    backend.set_padding(padding)
+    steps: list[int] = []
+    r = decode(backend, ids, region, FIRST_PASS, callback=lambda rec: steps.append(rec.block))
+    passes = [steps.count(b) for b in range(len(blocks))]
+    assert 1 in passes and max(passes) > 1  # the case: some blocks decided by their full pass, some not
+    c = r.counters
+    assert r.steps == sum(passes) and c.calls == _release_calls(passes) > sum(passes)
+    assert c.refreshes == len(blocks) and c.layer_calls == 4 * c.calls  # the extra pass is a reuse pass
+    reuse = [((hi if dual else N) - lo) / N for lo, hi in blocks]
+    assert c.layer_calls_weighted == pytest.approx(sum(4 + 4 * w * max(1, n - 1) for w, n in zip(reuse, passes)))
+    stopping = C.LladaPrefixCacheBackend(model, "block", dual=dual)
+    stopping.min_block_passes = 1  # the loop that stops as soon as the block is decided
+    s = run(stopping, model, FIRST_PASS)
+    assert torch.equal(r.tokens, s.tokens) and s.counters.calls == sum(passes)
+
+
+def test_the_base_and_the_k_forms_make_no_extra_pass(model):
+    """The release's `generate` (the base) and the caches at an integer K end a block once it is
+    decided: K = 1 is the base, call for call."""
+    base = run(LladaBackend(model), model, FIRST_PASS)
+    for dual in (False, True):
+        r = run(C.LladaPrefixCacheBackend(model, 1, dual=dual), model, FIRST_PASS)
+        assert torch.equal(r.tokens, base.tokens) and r.counters.calls == base.counters.calls == r.steps
+
+
 # --------------------------------------------------------------------------- T11: dLLM-Cache
 
 

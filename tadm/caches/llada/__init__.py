@@ -13,6 +13,9 @@ design note docs/design/training-free-caches.md, §2 and §3.4); no code of thei
   ``dual=True`` (Fast-dLLM's dual cache): a reuse pass runs the block's rows lo..hi only; the
   suffix's K/V stay as the refresh left them. On a bidirectional model both are approximate
   (the prefix's states depend on the suffix); with a block-causal mask they would be exact.
+  Refreshed per block, a block takes at least 2 passes (`min_block_passes`): the release's loop
+  makes a cached pass after the block's full pass even when that pass decided the block, so
+  `decode` then makes one reuse pass whose logits nothing reads (it changes no token).
 - `LladaFeatureCacheBackend` (`feature`; dLLM-Cache as released). Per layer it keeps K, V and the
   attention and FFN branches' outputs of every row. A global pass counter over the whole
   generation refreshes the prompt rows every K_p passes and the response rows (the generated

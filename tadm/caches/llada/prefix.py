@@ -17,12 +17,20 @@ def _query_rows(keys: Tensor | None, lo: int, hi: int) -> Tensor | None:
 
 class LladaPrefixCacheBackend(LladaCacheBackend):
     """Fast-dLLM's prefix cache (``dual=True``: its dual cache), refreshed at each block's first
-    pass and, with an integer `refresh_every` K, whenever age + 1 >= K (module docstring)."""
+    pass and, with an integer `refresh_every` K, whenever age + 1 >= K (module docstring).
+
+    Refreshed per block (as released), a block takes at least 2 passes (`min_block_passes`):
+    the release's loop (`generate_with_prefix_cache` / `generate_with_dual_cache` @24cc59e)
+    runs a cached pass after the block's full pass before it checks whether the block is
+    decided, so a block the full pass decided still costs one cached pass, which decides
+    nothing. At an integer K (not in the release) a block ends once it is decided, as in the
+    base's loop, so that K = 1 is the base."""
 
     def __init__(self, model, refresh_every: int | Literal["block"] = "block", dual: bool = False):
         super().__init__(model)
         check_every(refresh_every, "asrd.llada_cache_refresh", block_ok=True)
         self.every, self.dual = refresh_every, dual
+        self.min_block_passes = 2 if refresh_every == "block" else 1
         self.budget_x = None if refresh_every == "block" else tadm_share(model.n_layers, refresh_every)
         self._kv: list[tuple[Tensor, Tensor]] | None = None
         self._last: Tensor | None = None  # the last full pass's logits

@@ -17,10 +17,13 @@ Two implementations of the same objectives:
   training and validation): every objective here reads only some positions (SUBS puts a point
   mass on unmasked positions, so they contribute exactly 0), so the model gathers the hidden
   states of those rows, (N, d), and runs its LM head and a cross-entropy on them in chunks of
-  ~CHUNK_ELEMENTS logits, each chunk under non-reentrant activation checkpointing (once the
-  rows' logits reach CHECKPOINT_MIN_ELEMENTS): no (B, L, V+1) tensor is built, and backward
-  keeps no chunk's logits (it recomputes one chunk's head at a time). The per-row values are placed back at their positions of a (B, L) zero
-  tensor and summed over positions, as the reference sums, so the two agree to float rounding.
+  ~CHUNK_ELEMENTS logits: no (B, L, V+1) tensor is built. A readout made with ``checkpoint``
+  runs each chunk under non-reentrant activation checkpointing (once the rows' logits reach
+  CHECKPOINT_MIN_ELEMENTS), so backward keeps no chunk's logits and recomputes one chunk's head
+  at a time; the trainer asks for that only where the memory estimate with every logit kept
+  does not fit (``Method.checkpoint_heads``, ``memory_estimate.require_training``). The per-row
+  values are placed back at their positions of a (B, L) zero tensor and summed over positions,
+  as the reference sums, so the two agree to float rounding.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def _weighted_masked_sum(log_p: Tensor, weight: Tensor, selected: Tensor) -> Ten
 
 # --------------------------------------------------------------------------- scored rows only
 
-CHUNK_ELEMENTS = 1 << 25  # logits per chunk: 667 rows at V+1 = 50258 (128 MiB in fp32)
+CHUNK_ELEMENTS = 1 << 25  # logits per chunk: 667 rows at V+1 = 50258 (128 MiB in fp32; memory_estimate's)
 # Checkpoint only when the rows' logits are at least this many values (4 MiB in fp32): below,
 # keeping them costs nothing worth a recomputation (and checkpointing's fixed overhead is ~20%
 # of a micro-profile training step).
@@ -148,12 +151,13 @@ def _subs_cross_entropy(logits: Tensor, target: Tensor, mask_id: int, dtype: tor
     return F.cross_entropy(logits[..., :mask_id].to(dtype), target, reduction="none")
 
 
-def subs_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32) -> Readout:
+def subs_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32,
+                 checkpoint: bool = True) -> Readout:
     """-sum_l [z_t^l = m] log x_theta^l[x^l] per sequence: the rows masked in z_t (under SUBS
     every other row is a point mass on its own token, log-prob 0), targets x. Also the anchor
     cross-entropy's rows when given z_t' (TADM)."""
     return Readout(z_t == mask_id, x, functools.partial(_subs_cross_entropy, mask_id=mask_id, dtype=dtype),
-                   mask_id + 1)
+                   mask_id + 1, checkpoint)
 
 
 def nelbo_from_rows(ce_sum: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:
@@ -384,10 +388,12 @@ def _sedd_bracket(logits: Tensor, target: Tensor, mask_id: int, dtype: torch.dty
     return torch.exp(torch.logsumexp(scores, dim=-1)) - scores.gather(-1, target.unsqueeze(-1)).squeeze(-1) - 1.0
 
 
-def sedd_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32) -> Readout:
+def sedd_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32,
+                 checkpoint: bool = True) -> Readout:
     """The score entropy reads masked positions only (an unmasked one contributes 0): the
     rows masked in z_t, targets x, per-row bracket sum_y exp(l_y) - l_x - 1."""
-    return Readout(z_t == mask_id, x, functools.partial(_sedd_bracket, mask_id=mask_id, dtype=dtype), mask_id + 1)
+    return Readout(z_t == mask_id, x, functools.partial(_sedd_bracket, mask_id=mask_id, dtype=dtype), mask_id + 1,
+                   checkpoint)
 
 
 def sedd_score_entropy_rows(bracket_sum: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:

@@ -28,6 +28,12 @@ Training memory of one process (the largest model of train.models)::
                   attention weights of every head; on a GPU the fused kernels keep none
     total       = states + activations
 
+When the heads' logits do not fit, the readout checkpoints them (tadm.losses.row_losses: the
+forward keeps no logits, backward recomputes one chunk of HEAD_CHUNK_ELEMENTS logits at a time):
+the k V' term becomes 4 k HEAD_CHUNK_ELEMENTS bytes once. The trainer keeps the logits (no
+head recomputation) when the first estimate fits and checkpoints when only the second does
+(:func:`require_training`); ``tadm check`` accepts a run that fits either way.
+
 The post-training base (posttrain.base_model)::
 
     local: the small DiffusionGemma of posttrain.base trained by dg_base (20 bytes per
@@ -64,6 +70,7 @@ COND = 128  # tadm.models.dit.COND_DIM
 FREQ = 256  # tadm.models.dit.FREQ_DIM
 STATE_BYTES = 20  # fp32 weights + gradients + two AdamW moments + EMA copy
 LOGIT_COPIES = 3  # logits, log-softmax, its gradient
+HEAD_CHUNK_ELEMENTS = 1 << 25  # logits of one checkpointed head chunk (tadm.losses.CHUNK_ELEMENTS)
 
 
 @dataclass
@@ -118,17 +125,43 @@ def _activation_bytes(p: Params, on_gpu: bool) -> int:
     return 2 if (on_gpu and p.train.precision == "bf16") else 4
 
 
-def training_estimate(kind: str, p: Params, on_gpu: bool = False) -> Estimate:
-    """Weights, gradients, AdamW, EMA and one micro-batch's activations of `kind`."""
+def training_estimate(kind: str, p: Params, on_gpu: bool = False, keep_logits: bool = True) -> Estimate:
+    """Weights, gradients, AdamW, EMA and one micro-batch's activations of `kind`, with the
+    heads' logits kept for backward (`keep_logits`) or checkpointed (one chunk's, recomputed)."""
     m, v = p.model, p.tokenizer.vocab_size
     params = model_parameters(kind, m, v)
     a = _activation_bytes(p, on_gpu)
     tokens = p.train.micro_batch * p.packing.seq_len
     n = layers(kind, m)
-    per_token = n * (22 + 2 * m.mlp_ratio) * m.d_model + LOGIT_COPIES * heads(kind) * (v + 1)
+    logits = LOGIT_COPIES * heads(kind) * (v + 1)
+    per_token = n * (22 + 2 * m.mlp_ratio) * m.d_model + (logits if keep_logits else 0)
     attention = 0 if on_gpu else 4 * n * p.train.micro_batch * m.n_heads * p.packing.seq_len ** 2
-    return Estimate(f"train {kind}", params, STATE_BYTES * params, a * tokens * per_token + attention,
-                    f"d_model {m.d_model} x {n} layers, micro_batch {p.train.micro_batch} x seq_len {p.packing.seq_len}")
+    chunk = 0 if keep_logits else 4 * LOGIT_COPIES * heads(kind) * HEAD_CHUNK_ELEMENTS
+    note = "" if keep_logits else ", heads checkpointed"
+    return Estimate(f"train {kind}", params, STATE_BYTES * params, a * tokens * per_token + attention + chunk,
+                    f"d_model {m.d_model} x {n} layers, micro_batch {p.train.micro_batch} x seq_len "
+                    f"{p.packing.seq_len}{note}")
+
+
+def fitting_training_estimate(kind: str, p: Params, available: int, on_gpu: bool) -> tuple[Estimate, bool]:
+    """(the estimate `kind` trains under, whether its heads are checkpointed): the logits kept
+    when that fits `available` bytes, else the smaller of the two (which may still not fit;
+    checkpointing is smaller only when the logits exceed one chunk's)."""
+    kept = training_estimate(kind, p, on_gpu)
+    if kept.total <= available:
+        return kept, False
+    checkpointed = training_estimate(kind, p, on_gpu, keep_logits=False)
+    return (checkpointed, True) if checkpointed.total < kept.total else (kept, False)
+
+
+def require_training(kind: str, p: Params, source: str = "params") -> bool:
+    """The trainer's check of run `kind` against this machine: whether its heads must be
+    checkpointed (False: the logits are kept and no head forward is recomputed), or a one-line
+    ConfigError naming model when it fits neither way."""
+    available, where, on_gpu = machine_memory(p)
+    e, checkpointed = fitting_training_estimate(kind, p, available, on_gpu)
+    _refuse_if_too_big(e, "model", available, where, source)
+    return checkpointed
 
 
 def base_estimate(p: Params, on_gpu: bool = False) -> Optional[Estimate]:
@@ -233,7 +266,9 @@ def check_memory(p: Params, source: str = "params.yaml", available: Optional[int
     (`available` bytes; default: :func:`machine_memory`)."""
     if available is None:
         available, where, on_gpu = machine_memory(p)
-    result = estimates(p, bool(on_gpu))
+    result = [fitting_training_estimate(kind, p, available, bool(on_gpu))[0] for kind in dict.fromkeys(p.train.models)]
+    base = base_estimate(p, bool(on_gpu))
+    result += [base] if base is not None else []
     for e in result:
         _refuse_if_too_big(e, "posttrain.base" if "base" in e.name else "model", available, where or "memory", source)
     return result

@@ -381,3 +381,30 @@ def test_ddp_step_through_the_readout_equals_one_process(tmp_path, monkeypatch):
         total = total + method.loss(model, x[half], torch.Generator()).sum() / 2
     total.backward()
     _assert_grads_close(got, _grads(model))
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_kept_heads_run_each_head_once_with_the_checkpointed_values_and_gradients(monkeypatch, run):
+    """checkpoint_heads False (the trainer's choice when the logits fit): the head forward runs
+    once per chunk, backward recomputes nothing, and loss and gradients are bit for bit those
+    of the checkpointed readout."""
+    _patch_sizes(monkeypatch, 7 * (V + 1), 0)  # 7-row chunks, checkpointed whenever asked
+    x, t, z_t, pair = _draws()
+    _pin_draws(monkeypatch, t, z_t, pair)
+    results = {}
+    for keep in (False, True):
+        method, model = _setup(run)
+        method.checkpoint_heads = not keep
+        seen, handles = _record_heads(model, run)
+        loss = method.loss(model, x, torch.Generator())
+        forwards = sum(len(s) for s in seen.values())
+        loss.sum().backward()
+        for h in handles:
+            h.remove()
+        results[keep] = loss.detach(), _grads(model), forwards, sum(len(s) for s in seen.values())
+    (loss_c, grads_c, fwd_c, total_c), (loss_k, grads_k, fwd_k, total_k) = results[False], results[True]
+    assert torch.equal(loss_k, loss_c)
+    for n in grads_c:
+        assert (grads_c[n] is None and grads_k[n] is None) or torch.equal(grads_k[n], grads_c[n]), n
+    assert fwd_k == fwd_c and total_k == fwd_k  # kept: backward runs no head forward
+    assert total_c > fwd_c  # checkpointed: backward recomputes the chunks' heads

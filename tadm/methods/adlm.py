@@ -5,7 +5,7 @@ loss on important tokens; the validation bound is the denoiser's NELBO."""
 from __future__ import annotations
 
 from tadm import compute
-from tadm.losses import adlm_anchor_readout, nelbo_from_rows, subs_readout
+from tadm.losses import adlm_anchor_readout, nelbo_from_rows
 from tadm.methods.base import AnchoredMethod, Row
 from tadm.models.adlm import ADLM
 from tadm.sampling.adapters import ADLMAdapter
@@ -25,7 +25,7 @@ class ADLMMethod(AnchoredMethod):
 
     def _terms(self, model, x, gen):
         t, z_t = self._noised(x, gen)
-        ce, anchor_logits = model(z_t, readout=subs_readout(z_t, x, self.mask_id))
+        ce, anchor_logits = model(z_t, readout=self.readout(z_t, x))
         return nelbo_from_rows(ce, t, self.schedule), anchor_logits, z_t, t
 
     def loss(self, model, x, gen, progress=1.0):

@@ -19,7 +19,7 @@ samplers, Table 2, the memory check and MFU then find it by name. A baseline in 
 
         def nelbo(self, model, x, gen):    # (B,) nats per sequence
             t, z_t = self._noised(x, gen)
-            return nelbo_from_rows(model(z_t, readout=subs_readout(z_t, x, self.mask_id)), t, self.schedule)
+            return nelbo_from_rows(model(z_t, readout=self.readout(z_t, x)), t, self.schedule)
 
 and its params entries (``train.models``, the ``dvc.yaml`` sample rows). The defaults below are
 those of a single-network masked diffusion model (MDLM); a unit overrides what differs.
@@ -37,6 +37,7 @@ import torch
 from tadm import compute, memory_estimate as mem
 from tadm.config import ModelConfig, Params
 from tadm.forward_process import mask_tokens, sample_times
+from tadm.losses import Readout, subs_readout
 from tadm.models.base import TadmModel
 from tadm.registry import METHODS, TABLE2_ROWS
 from tadm.schedule import LogLinearSchedule
@@ -85,6 +86,9 @@ class Method:
     def __init__(self, name: str, p: Params):
         self.name, self.p = name, p
         self.schedule = LogLinearSchedule(EPS)
+        # the readouts' head chunks under activation checkpointing (tadm.losses.row_losses); the
+        # trainer sets False when the memory estimate with every logit kept fits the machine
+        self.checkpoint_heads = True
 
     @property
     def model_type(self) -> str:
@@ -98,6 +102,11 @@ class Method:
         t = sample_times(x.shape[0], EPS, True, gen, x.device)
         z_t = mask_tokens(x, self.schedule.alpha(t), self.mask_id, gen)
         return t, z_t
+
+    def readout(self, z: torch.Tensor, x: torch.Tensor) -> Readout:
+        """The SUBS readout of the rows masked in `z` against `x` (tadm.losses.subs_readout),
+        its head chunks checkpointed as ``checkpoint_heads`` says."""
+        return subs_readout(z, x, self.mask_id, checkpoint=self.checkpoint_heads)
 
     def loss(self, model, x: torch.Tensor, gen: torch.Generator, progress: float = 1.0) -> torch.Tensor:
         """What training optimises, (B,); `progress` = step / train.steps."""

@@ -4,7 +4,7 @@ differ only in the sampler."""
 
 from __future__ import annotations
 
-from tadm.losses import nelbo_from_rows, subs_readout
+from tadm.losses import nelbo_from_rows
 from tadm.methods.base import Method, Row
 from tadm.models.mdlm import MDLM
 from tadm.sampling.adapters import MDLMAdapter
@@ -23,5 +23,5 @@ class MDLMMethod(Method):
 
     def nelbo(self, model, x, gen):
         t, z_t = self._noised(x, gen)
-        ce = model(z_t, readout=subs_readout(z_t, x, self.mask_id))  # (B,) summed over masked rows
+        ce = model(z_t, readout=self.readout(z_t, x))  # (B,) summed over masked rows
         return nelbo_from_rows(ce, t, self.schedule)

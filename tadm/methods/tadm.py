@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tadm import compute, memory_estimate as mem
 from tadm.forward_process import sample_times, stale_pair
-from tadm.losses import nelbo_from_rows, subs_readout, t_anelbo_rows
+from tadm.losses import nelbo_from_rows, t_anelbo_rows
 from tadm.methods.base import EPS, AnchoredMethod, Row
 from tadm.models.tadm import TADM
 from tadm.sampling.adapters import TADMAdapter
@@ -44,10 +44,10 @@ class TADMMethod(AnchoredMethod):
         t = sample_times(x.shape[0], EPS, True, gen, x.device)
         pair = stale_pair(x, t, self.schedule, self.mask_id, self.p.train.refresh_choices,
                           self.p.train.budget_choices, gen)
-        readout = subs_readout(pair.z_t, x, self.mask_id)
+        readout = self.readout(pair.z_t, x)
         if self.gamma > 0:  # the anchor head scores the rows masked in z_t'
             ce, anchor_ce = model(pair.z_t, pair.z_tprime, readout=readout,
-                                  anchor_readout=subs_readout(pair.z_tprime, x, self.mask_id))
+                                  anchor_readout=self.readout(pair.z_tprime, x))
         else:
             ce, anchor_ce = model(pair.z_t, pair.z_tprime, readout=readout), None
         total, _ = t_anelbo_rows(ce, anchor_ce, pair, self.schedule, self.gamma)
@@ -55,7 +55,7 @@ class TADMMethod(AnchoredMethod):
 
     def nelbo(self, model, x, gen):
         t, z_t = self._noised(x, gen)
-        ce = model(z_t, z_t, readout=subs_readout(z_t, x, self.mask_id))  # fresh anchor: cache age 0
+        ce = model(z_t, z_t, readout=self.readout(z_t, x))  # fresh anchor: cache age 0
         return nelbo_from_rows(ce, t, self.schedule)
 
     @classmethod

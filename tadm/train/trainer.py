@@ -371,17 +371,19 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
     meta = read_manifest(data_dir, "pack", PACK_HINT)["counts"]
     data = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
     # before anything is allocated (or the run directory touched): will it fit this machine?
-    memory_estimate.require(p, lambda q, on_gpu: memory_estimate.training_estimate(name, q, on_gpu), "model")
+    checkpoint_heads = memory_estimate.require_training(name, p)  # False: the heads' logits fit, kept
     command = f"python -m tadm train {name}" + (f" --replicate {replicate}" if replicate else "")
     with hold_run(paths.checkpoints, d, command, {"model": paths.model.parent, "metrics": paths.metrics.parent}):
-        return _train(name, p, d, data_dir, meta, data, paths, log, restart, command)
+        return _train(name, p, d, data_dir, meta, data, paths, log, restart, command, checkpoint_heads)
 
 
 def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tuple[PackedTokens, PackedTokens],
-           paths: RunPaths, log, restart: bool, command: str) -> dict:
+           paths: RunPaths, log, restart: bool, command: str, checkpoint_heads: bool = True) -> dict:
     """:func:`train`'s body, run under the lock of the run's directory (`paths`) on the data
-    `train` opened (`meta`: the pack manifest's counts; `data`: the train and validation splits)."""
+    `train` opened (`meta`: the pack manifest's counts; `data`: the train and validation splits;
+    `checkpoint_heads`: the memory check's answer, Method.checkpoint_heads)."""
     method = get_method(name, p)
+    method.checkpoint_heads = checkpoint_heads
     n_micro = p.train.global_batch // p.train.micro_batch
     if n_micro % d.world:
         raise ConfigError("train.global_batch", f"global_batch/micro_batch = {n_micro} micro-batches must divide among {d.world} processes")

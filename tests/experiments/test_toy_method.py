@@ -14,7 +14,7 @@ from tadm import compute, config, memory_estimate, runtime
 from tadm.data.tokenizer import load_tokenizer
 from tadm.errors import ConfigError
 from tadm.experiments import sampling, table2
-from tadm.losses import nelbo_from_rows, subs_readout
+from tadm.losses import nelbo_from_rows
 from tadm.methods import Method, Row, get_method
 from tadm.models import MODEL_REGISTRY, count_parameters, load_pretrained
 from tadm.models.base import TadmModel
@@ -62,11 +62,11 @@ def toy():
 
         def loss(self, model, x, gen, progress=1.0):
             _, z_t = self._noised(x, gen)
-            return model(z_t, readout=subs_readout(z_t, x, self.mask_id))  # (B,) summed CE
+            return model(z_t, readout=self.readout(z_t, x))  # (B,) summed CE
 
         def nelbo(self, model, x, gen):
             t, z_t = self._noised(x, gen)
-            return nelbo_from_rows(model(z_t, readout=subs_readout(z_t, x, self.mask_id)), t, self.schedule)
+            return nelbo_from_rows(model(z_t, readout=self.readout(z_t, x)), t, self.schedule)
 
         @classmethod
         def layers(cls, m):

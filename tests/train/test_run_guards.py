@@ -173,3 +173,26 @@ def test_resume_clears_the_temporaries_of_a_killed_save(tmp_path):
     assert got is not None and got.step == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000002", "step_000003"], list(tmp_path.iterdir())
     assert logged and "cleared what an interrupted save left: .latest.abc.tmp, .step_000003.old, .step_000004.k3j2x.tmp" in logged[0]
+
+
+# --- the heads' logits: kept where they fit, checkpointed where only that fits ---------------
+
+
+def test_the_heads_are_checkpointed_only_where_their_logits_do_not_fit(monkeypatch):
+    from tadm import losses
+    from tadm import memory_estimate as me
+    assert me.HEAD_CHUNK_ELEMENTS == losses.CHUNK_ELEMENTS
+    p = config.from_dict(micro_raw())
+    tokens, v1 = p.train.micro_batch * p.packing.seq_len, p.tokenizer.vocab_size + 1
+    monkeypatch.setattr(me, "HEAD_CHUNK_ELEMENTS", 7 * v1)  # a 7-row chunk: less than the micro-batch's rows
+    kept = me.training_estimate("tadm", p).total
+    checkpointed = me.training_estimate("tadm", p, keep_logits=False)
+    assert "heads checkpointed" in checkpointed.note
+    # the closed form: k V' values per token for each of the two heads, against one chunk's
+    assert kept - checkpointed.total == 4 * me.LOGIT_COPIES * 2 * (tokens - 7) * v1
+    for available, expected in ((kept, False), (kept - 1, True), (checkpointed.total, True)):
+        monkeypatch.setattr(me, "machine_memory", lambda p, a=available: (a, "RAM", False))
+        assert me.require_training("tadm", p) is expected
+    monkeypatch.setattr(me, "machine_memory", lambda p: (checkpointed.total - 1, "RAM", False))
+    with pytest.raises(config.ConfigError, match=r"^params: model: train tadm needs about .*heads checkpointed"):
+        me.require_training("tadm", p)

@@ -543,12 +543,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except TadmError as e:
+        _leave_process_group_on(e)
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        _leave_process_group_on(e)
         print("interrupted: outputs are written atomically; rerun the same command to redo the stage", file=sys.stderr)
         return 130
+    except Exception as e:
+        _leave_process_group_on(e)
+        raise
     return 0
+
+
+def _leave_process_group_on(error: BaseException) -> None:
+    """In a torchrun process that joined the process group, end it now, entering no collective
+    (`runtime.leave_on_error`: ``error: rank R: ...``); otherwise return. A group needs
+    torch.distributed imported, so a command that never imported it does not import torch here."""
+    if "torch.distributed" not in sys.modules:
+        return
+    from tadm import runtime
+
+    if runtime.in_process_group():
+        runtime.leave_on_error(error, runtime.exit_code_of(error))
 
 
 if __name__ == "__main__":

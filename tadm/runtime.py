@@ -23,22 +23,28 @@ per-call autocast bit for bit.
 
 Every stage calls :func:`setup` once; it resolves the device (under torchrun each process
 takes ``cuda:LOCAL_RANK``), sets the TF32 flags and joins the process group torchrun describes
-(nccl on GPU, gloo on CPU). Work is split across processes with :func:`shard` (item i goes to
+(nccl on GPU, bound to that device; gloo on CPU) with a timeout of ``TADM_DIST_TIMEOUT_S``
+seconds (:func:`dist_timeout`). A process of a group that fails ends at once, entering no
+collective (:func:`exit_on_rank_error`); only a finished one leaves the group cleanly
+(:func:`finish`). Work is split across processes with :func:`shard` (item i goes to
 rank i mod world) and put back in order with :func:`gather`, so a stage's outputs do not depend
 on the number of processes. This is the only module that names a device type as a string.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
+import traceback
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import lru_cache
-from typing import Any, ContextManager, Sequence
+from typing import Any, ContextManager, Iterator, NoReturn, Sequence
 
 import torch
 import torch.distributed as dist
@@ -117,8 +123,101 @@ def setup(rt: Any = None) -> Dist:
     if world == 1:
         return Dist(0, 1, device, precision)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        join_process_group(device)
     return Dist(dist.get_rank(), dist.get_world_size(), device, precision)
+
+
+# ----------------------------------------------------------------------------- the process group
+
+DIST_TIMEOUT_ENV = "TADM_DIST_TIMEOUT_S"
+DIST_TIMEOUT_DEFAULT_S = 600.0
+
+
+def dist_timeout() -> timedelta:
+    """How long a collective (and joining the group) may wait for the other processes:
+    ``TADM_DIST_TIMEOUT_S`` seconds, default :data:`DIST_TIMEOUT_DEFAULT_S`; anything but a
+    positive number is a one-line ConfigError naming the variable."""
+    raw = os.environ.get(DIST_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return timedelta(seconds=DIST_TIMEOUT_DEFAULT_S)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(DIST_TIMEOUT_ENV, f"must be a positive number of seconds, got {raw!r}", source="environment")
+    return timedelta(seconds=seconds)
+
+
+def join_process_group(device: torch.device) -> None:
+    """Join the process group torchrun's variables describe: nccl bound to `device` on CUDA,
+    gloo elsewhere, with :func:`dist_timeout`."""
+    timeout = dist_timeout()
+    if device.type == "cuda":
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+
+
+def in_process_group() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def exit_code_of(error: BaseException) -> int:
+    """The exit code of a process ended by `error`: a TadmError's own, 130 for Ctrl-C, else 1."""
+    if isinstance(error, TadmError):
+        return error.exit_code
+    return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+
+def rank_error_line(error: BaseException) -> str:
+    """`error` as the one line a failed process of the group prints: ``error: rank R: ...``."""
+    rank = dist.get_rank() if in_process_group() else os.environ.get("RANK", "?")
+    if isinstance(error, TadmError):
+        what = str(error)
+    elif isinstance(error, KeyboardInterrupt):
+        what = "interrupted"
+    else:
+        first = (str(error).splitlines() or [""])[0]
+        what = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return f"error: rank {rank}: {what}"
+
+
+def leave_on_error(error: BaseException, code: int) -> NoReturn:
+    """End this process of a process group after `error` without entering any collective (a
+    barrier or destroy_process_group would wait for processes that may be waiting for this one):
+    the one line of :func:`rank_error_line` to stderr first, then the traceback of an error
+    that is not a TadmError, then ``os._exit(code)``, which no thread (one stuck in a
+    collective included) can hold up. The others see this process gone (gloo) or reach
+    :func:`dist_timeout` (nccl), and torchrun stops the rest once one process fails."""
+    print(rank_error_line(error), file=sys.stderr, flush=True)
+    if not isinstance(error, (TadmError, KeyboardInterrupt)):
+        traceback.print_exception(error, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be reported
+            pass
+    os._exit(code)
+
+
+@contextmanager
+def exit_on_rank_error() -> Iterator[None]:
+    """Inside a process group, an exception (or Ctrl-C) in the block ends this process at once
+    (:func:`leave_on_error`, exit code :func:`exit_code_of`); outside one it propagates."""
+    try:
+        yield
+    except (Exception, KeyboardInterrupt) as e:
+        if in_process_group():
+            leave_on_error(e, exit_code_of(e))
+        raise
+
+
+def finish(d: Dist) -> None:
+    """The clean end of a process that succeeded: wait for the others, then leave the group."""
+    if d.world > 1 and in_process_group():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 @lru_cache(maxsize=None)
@@ -443,4 +542,5 @@ def _argv_of(proc: subprocess.Popen) -> list[str]:
 
 __all__ = ["Dist", "run_jobs", "job_threads", "threads_per_job", "setup", "resolve_device", "autocast", "synchronize", "host", "shard", "gather", "all_mean",
            "barrier", "relaunch", "effective_precision", "cpu_has_bf16", "torchrun_argv", "under_torchrun", "configure_backends", "CPU",
-           "cast_for_autocast", "cuda_graphs_note", "cuda_graph_forwards", "CudaGraphs"]
+           "dist_timeout", "DIST_TIMEOUT_ENV", "join_process_group", "in_process_group", "exit_code_of", "rank_error_line",
+           "leave_on_error", "exit_on_rank_error", "finish", "cast_for_autocast", "cuda_graphs_note", "cuda_graph_forwards", "CudaGraphs"]

@@ -10,7 +10,9 @@ functions (`table2.run_row`, `table2.run_sweep`, `tadm.experiments.table1.run`,
 GPU per process, nccl; gloo on the CPU), runs the same function with its `Dist`, which splits
 the work over the processes and gathers it back in order, and the main process writes the
 function's outputs (atomically, as in one process) plus its return value to the spec's
-``result`` file; the notebook then continues from that file. With nproc == 1 nothing is
+``result`` file; the notebook then continues from that file. A process whose job raises prints
+``error: rank R: ...`` and exits at once (`runtime.exit_on_rank_error`); torchrun then stops
+the others and :func:`launch` reports that line first. With nproc == 1 nothing is
 launched and everything runs in the kernel.
 
 Jobs and their ``args`` (paths relative to the working directory, which the workers share):
@@ -151,16 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(spec_path).read_text())
     p = config.from_dict(spec["params"], source=spec_path)
     d = runtime.setup(p.runtime)
-    try:
+    with runtime.exit_on_rank_error():  # a failed process ends at once, entering no collective
         result = job_function(job)(p, d, spec["args"])
         if d.main and spec.get("result"):  # key order kept: the tables list rows in the result's order
             atomic_write_text(spec["result"], json.dumps(result, ensure_ascii=False))
-        runtime.barrier(d)
-    finally:
-        import torch.distributed
-
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        runtime.finish(d)
     return 0
 
 

@@ -64,6 +64,18 @@ def micro_raw(**overrides) -> dict:
     return raw
 
 
+def forget_method(name: str) -> None:
+    """Undo what defining a test's own method unit registered under `name`: its run name, its
+    Table 2 row of that name and its model type (each only if there)."""
+    from tadm.models import MODEL_REGISTRY
+    from tadm.registry import METHODS, TABLE2_ROWS
+
+    for registry in (METHODS, TABLE2_ROWS):
+        if name in registry._units:
+            registry.unregister(name)
+    MODEL_REGISTRY.pop(name, None)
+
+
 def write_params(path: Path, raw: dict) -> Path:
     path.write_text(yaml.safe_dump(raw))
     return path

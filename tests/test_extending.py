@@ -9,6 +9,7 @@ import pytest
 
 from tadm.config import ROOT, ConfigError
 from tadm.registry import SAMPLERS
+from tests.conftest import forget_method
 from tests.experiments.conftest import evaluator_dir, table2_raw  # noqa: F401 - evaluator_dir: a fixture
 from tests.experiments.test_claims import run_dir  # noqa: F401 - the synthetic run, a fixture
 from tests.sampling.conftest import random_model
@@ -55,13 +56,7 @@ def test_a_sampling_budget():
 @pytest.fixture
 def unregister_plain():
     yield
-    from tadm.models import MODEL_REGISTRY
-    from tadm.registry import METHODS, TABLE2_ROWS
-
-    for registry in (METHODS, TABLE2_ROWS):
-        if "mdlm_plain" in registry._units:
-            registry.unregister("mdlm_plain")
-    MODEL_REGISTRY.pop("mdlm_plain", None)
+    forget_method("mdlm_plain")
 
 
 def test_a_baseline(unregister_plain, micro_packed, evaluator_dir, tmp_path):  # noqa: F811 - fixtures

@@ -16,12 +16,12 @@ from tadm.errors import ConfigError
 from tadm.experiments import sampling, table2
 from tadm.losses import nelbo_from_rows
 from tadm.methods import Method, Row, get_method
-from tadm.models import MODEL_REGISTRY, count_parameters, load_pretrained
+from tadm.models import count_parameters, load_pretrained
 from tadm.models.base import TadmModel
 from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
-from tadm.registry import METHODS, TABLE2_ROWS
 from tadm.sampling import SingleNetworkAdapter, make_adapter
 from tadm.train.trainer import train
+from tests.conftest import forget_method
 from tests.experiments.conftest import table2_raw
 
 
@@ -73,9 +73,7 @@ def toy():
             return 1
 
     yield Toy
-    METHODS.unregister("toy")
-    TABLE2_ROWS.unregister("toy")
-    MODEL_REGISTRY.pop("toy")
+    forget_method("toy")
 
 
 def test_a_method_defined_in_a_test_file_trains_samples_and_is_scored(toy, micro_packed, evaluator_dir, tmp_path):

@@ -50,6 +50,9 @@ def cmd_check(args) -> None:
     biggest = max(result, key=lambda e: e.total)
     print(f"memory: the largest need is about {biggest.total / me.GIB:.2f} GiB ({biggest.name}) of "
           f"{available / me.GIB:.1f} GiB {where}")
+    fits = {kind: me.largest_micro_batch(kind, p, available, on_gpu) for kind in dict.fromkeys(p.train.models)}
+    print(f"micro-batch: train.micro_batch is {p.train.micro_batch}; the largest that fits this machine: "
+          + ", ".join(f"{m} ({kind})" for kind, m in fits.items()))
 
 
 def cmd_corpus(args) -> None:

@@ -55,6 +55,7 @@ the check must give the same answer whatever else runs at the moment.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -152,6 +153,22 @@ def fitting_training_estimate(kind: str, p: Params, available: int, on_gpu: bool
         return kept, False
     checkpointed = training_estimate(kind, p, on_gpu, keep_logits=False)
     return (checkpointed, True) if checkpointed.total < kept.total else (kept, False)
+
+
+def largest_micro_batch(kind: str, p: Params, available: int, on_gpu: bool) -> int:
+    """The largest train.micro_batch (dividing train.global_batch into a multiple of
+    runtime.nproc micro-batches) with which run `kind` fits `available` bytes, its logits kept
+    or checkpointed; 0 when not even 1 fits. What
+    ``tadm check`` suggests: the micro-batch is part of a run's identity (each micro-batch draws
+    its own noise), so it is set in the params, never changed behind a run's back."""
+    best = 0
+    for m in range(1, p.train.global_batch + 1):
+        if p.train.global_batch % m or (p.train.global_batch // m) % p.runtime.nproc:
+            continue
+        q = dataclasses.replace(p, train=dataclasses.replace(p.train, micro_batch=m))
+        if fitting_training_estimate(kind, q, available, on_gpu)[0].total <= available:
+            best = m
+    return best
 
 
 def require_training(kind: str, p: Params, source: str = "params") -> bool:

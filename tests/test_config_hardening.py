@@ -327,6 +327,10 @@ def test_check_reports_the_memory_of_the_committed_params():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "params.yaml: valid (profile 'default')"
     assert re.match(r"memory: the largest need is about [\d.]+ GiB \(.+\) of [\d.]+ GiB ", proc.stdout.splitlines()[1])
+    p = config.load()
+    line = proc.stdout.splitlines()[2]  # the committed micro-batch (the whole global batch) fits this machine
+    assert line == (f"micro-batch: train.micro_batch is {p.train.micro_batch}; the largest that fits this machine: "
+                    + ", ".join(f"{p.train.global_batch} ({m})" for m in p.train.models)), line
 
 
 @pytest.mark.parametrize("text,read_as", [("010", 8), ("0x10", 16), ("0b11", 3), ("1:30", 90), ("-07", -7)])

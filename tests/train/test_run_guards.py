@@ -196,3 +196,19 @@ def test_the_heads_are_checkpointed_only_where_their_logits_do_not_fit(monkeypat
     monkeypatch.setattr(me, "machine_memory", lambda p: (checkpointed.total - 1, "RAM", False))
     with pytest.raises(config.ConfigError, match=r"^params: model: train tadm needs about .*heads checkpointed"):
         me.require_training("tadm", p)
+
+
+def test_the_largest_micro_batch_is_the_largest_divisor_that_fits(monkeypatch):
+    from tadm import memory_estimate as me
+    p = config.from_dict(micro_raw())
+    g, nproc = p.train.global_batch, p.runtime.nproc
+    need = {m: me.training_estimate("tadm", _with_micro(p, m)).total for m in range(1, g + 1) if g % m == 0}
+    assert me.largest_micro_batch("tadm", p, max(need.values()), False) == g // nproc
+    some = sorted(need)[len(need) // 2]
+    assert me.largest_micro_batch("tadm", p, need[some], False) == some  # the estimate grows with the batch
+    assert me.largest_micro_batch("tadm", p, min(need.values()) - 1, False) == 0
+
+
+def _with_micro(p, m):
+    import dataclasses
+    return dataclasses.replace(p, train=dataclasses.replace(p.train, micro_batch=m))

@@ -23,8 +23,9 @@ machine's accelerator, and how fast? One command, one table (benchmarks/gpu_chec
         small random DiffusionGemma with anchor reuse
 
 Before any section runs, a pre-flight (`preflight`) checks what the chosen sections need --
-a C compiler, and on CUDA Triton and the Python headers, for Inductor; compute capability >= 8.0
-and free device memory -- and stops with exit 2 and one line naming what is missing.
+a C compiler, and on CUDA Triton and the Python headers, for Inductor; transformers >= 5.24
+for section e's DiffusionGemma; compute capability >= 8.0 and free device memory -- and stops
+with exit 2 and one line naming what is missing.
 
 Random weights everywhere: speed does not depend on them, and nothing is downloaded.
 `--smoke` runs every section at micro sizes on whatever device there is (the test suite runs
@@ -57,7 +58,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tadm import config, runtime  # noqa: E402
+from tadm import compat, config, runtime  # noqa: E402
 
 # dense bf16 tensor-core peaks (TFLOP/s, no sparsity) for the MFU column
 PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.2}
@@ -471,8 +472,9 @@ MIN_FREE_GIB = 8  # below this much free device memory the paper-size sections c
 def preflight(device: torch.device, sections: str, compile_backend: str, smoke: bool = False) -> list[tuple[str, bool, str]]:
     """What the chosen sections need of this machine, checked before any runs: (check, ok, what
     it is or what to do). Inductor (section a's compiled rows, with --compile-backend inductor)
-    needs a C compiler, and on CUDA Triton and the Python headers; the sampling and training
-    sections want a device with bf16 (compute capability >= 8.0) and free memory."""
+    needs a C compiler, and on CUDA Triton and the Python headers; section e needs transformers
+    >= 5.24 (DiffusionGemma's `cache=`); the sampling and training sections want a device with
+    bf16 (compute capability >= 8.0) and free memory."""
     import importlib.util
     import shutil
     import sysconfig
@@ -490,6 +492,8 @@ def preflight(device: torch.device, sections: str, compile_backend: str, smoke: 
             triton = importlib.util.find_spec("triton") is not None
             out.append(("triton import (Inductor on CUDA)", triton, "found" if triton else
                         "not installed: pip install the triton wheel matching torch, or --compile-backend aot_eager"))
+    if "e" in sections:  # the DiffusionGemma section: transformers' `cache=` names (5.24 on)
+        out.append(transformers_check())
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         out.append(("compute capability >= 8.0 (bf16)", (major, minor) >= (8, 0), f"{major}.{minor}"))
@@ -498,6 +502,15 @@ def preflight(device: torch.device, sections: str, compile_backend: str, smoke: 
         out.append((f"free device memory >= {need} GiB", free >= need * 2**30,
                     f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"))
     return out
+
+
+def transformers_check() -> tuple[str, bool, str]:
+    """The pre-flight row of section e: transformers new enough for DiffusionGemma (tadm.compat)."""
+    installed = compat.installed_transformers()
+    ok = compat.transformers_problem() is None
+    return (f"transformers >= {compat.MIN_TRANSFORMERS} (DiffusionGemma, section e)", ok,
+            f"{installed}" if ok else f"{installed or 'none'} installed; put the wheel in .whl/ (benchmarks/gpu_check "
+            f"installs it) or {compat.WHEEL_HINT}")
 
 
 SECTIONS = {"a": check_training, "b": check_resume, "c": check_sampling, "d": check_scoring, "e": check_posttrain}

@@ -22,3 +22,7 @@ class ConfigError(TadmError):
 
 class DataError(TadmError):
     """An input file or data set is missing, empty or malformed."""
+
+
+class DependencyError(TadmError):
+    """An installed package is older than the code path needs (e.g. transformers on a GPU image)."""

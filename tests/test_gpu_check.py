@@ -126,6 +126,8 @@ def test_mfu_uses_the_model_flops_of_tadm_compute(name):
 
 
 def test_the_pre_flight_names_what_is_missing_before_any_section_runs(monkeypatch, capsys):
+    import transformers  # looked up here: building the hub stand-ins replaces sys.modules' entry
+
     gc = _gpu_check()
     import shutil
 
@@ -139,4 +141,21 @@ def test_the_pre_flight_names_what_is_missing_before_any_section_runs(monkeypatc
     assert "--compile-backend aot_eager" in err
     # what a section does not need is not asked for: aot_eager, or no training section
     assert gc.preflight(torch.device("cpu"), "a", "aot_eager") == []
-    assert gc.preflight(torch.device("cpu"), "cde", "inductor") == []
+    assert gc.preflight(torch.device("cpu"), "cd", "inductor") == []
+    assert [(ok, detail) for _, ok, detail in gc.preflight(torch.device("cpu"), "cde", "inductor")] == [
+        (True, transformers.__version__)]  # section e: DiffusionGemma's transformers
+
+
+def test_the_pre_flight_stops_section_e_on_an_older_transformers(monkeypatch, capsys):
+    import transformers  # looked up here: building the hub stand-ins replaces sys.modules' entry
+
+    gc = _gpu_check()
+    ran = []
+    monkeypatch.setattr(gc, "SECTIONS", {k: (lambda *a, k=k: ran.append(k)) for k in "abcde"})
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    assert gc.main(["--device", "cpu", "--sections", "e"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ran == [] and len(err) == 1
+    assert err[0].startswith("gpu_check: pre-flight failed, no section ran: transformers >= 5.24 (DiffusionGemma")
+    assert "5.17.0 installed" in err[0] and "pip install --no-deps --no-index ./transformers-5.24.0-py3-none-any.whl" in err[0]
+    assert gc.main(["--device", "cpu", "--sections", "d"]) == 0 and ran == ["d"]  # the others need no DiffusionGemma

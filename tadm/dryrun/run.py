@@ -1,6 +1,7 @@
 """Run the paper profile's pipeline end to end on CPU, at toy sizes, offline.
 
-Steps (each printed as it starts):
+Steps (each printed as it starts), after the transformers version gate of the DiffusionGemma
+paths (:func:`version_gate`, recorded in ``dry-run.log``):
 
 1. copy the working tree (tracked and untracked, not ignored files) into ``<workdir>/repo`` and
    commit it to a fresh git repository (DVC needs one);
@@ -80,6 +81,23 @@ def _copy_tree(dst: Path, resume: bool = False) -> None:
             shutil.copy2(src, dst / f)
 
 
+def version_gate(log: Path) -> str:
+    """The DiffusionGemma paths' transformers gate (tadm.compat), run before anything is copied or
+    built: its one line and exit 2 on an older release; otherwise the line recorded in `log`."""
+    from tadm import compat
+    from tadm.errors import DependencyError
+
+    try:
+        installed = compat.require_transformers()
+    except DependencyError as e:
+        print(f"dry run: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    line = f"transformers {installed} (DiffusionGemma paths need >= {compat.MIN_TRANSFORMERS}): ok"
+    with open(log, "a") as out:
+        out.write(f"[dry run] version gate: {line}\n")
+    return line
+
+
 def _run(args: list[str], cwd: Path, env: dict, log: Path) -> None:
     """Run `args`, its output to `log` and to the terminal; exit with its tail on failure."""
     with open(log, "a") as out:
@@ -127,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     repo, hf, log = work / "repo", work / "hf", work / "dry-run.log"
     start = time.monotonic()
     try:
+        print(f"[dry run] version gate: {version_gate(log)}", flush=True)
         print(f"[dry run] 1/5 copying the working tree to {repo}", flush=True)
         repo.mkdir(parents=True, exist_ok=True)
         _copy_tree(repo, args.resume)

@@ -18,7 +18,9 @@ GSM8K's ``#### answer``, LiveCodeBench's compressed private tests) and rows made
 offline (Shakespeare for OpenWebText; the generated arithmetic, HumanEval and CHAMP problems for
 the SFT sources and the benchmarks). Models are tiny, randomly initialised (seeded) and saved in
 the release layouts: DiffusionGemma through transformers' ``save_pretrained`` with a
-Gemma-4-format chat template, LLaDA as its release's ``config.json`` + ``model.safetensors``,
+Gemma-4-format chat template, LLaDA as its release's ``config.json``, both with their weights
+sharded as the releases are (``model-0000i-of-0000N.safetensors`` and
+``model.safetensors.index.json``, so the hub loaders read shards as they will at full size),
 GPT-2 Large as a GPT-2 with the real GPT-2 vocabulary files (``vocab.json`` / ``merges.txt``,
 ``<|endoftext|>``). :data:`INPUTS` lists each input with where the paper profile reads it.
 
@@ -39,6 +41,7 @@ import torch
 
 REVISION = "0" * 40  # the snapshot's commit id: one fixed revision per stand-in repository
 SEED = 0
+SHARDS = 2  # the model stand-ins' weights: model-0000i-of-0000N.safetensors + model.safetensors.index.json
 
 # hub id -> where the paper profile reads it (the dry run's report lists these)
 INPUTS = {
@@ -323,13 +326,19 @@ def diffusiongemma(root: Path, params) -> None:
     torch.manual_seed(SEED)
     model = DiffusionGemmaForBlockDiffusion(config)
     snapshot = hub_snapshot(root, "google/diffusiongemma-26B-A4B-it")
-    model.save_pretrained(str(snapshot))
+    model.save_pretrained(str(snapshot), max_shard_size=shard_bytes(model))
     tok.save_pretrained(str(snapshot))
+
+
+def shard_bytes(model: torch.nn.Module, shards: int = SHARDS) -> int:
+    """A ``max_shard_size`` that splits `model`'s weights into about `shards` files."""
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return -(-total // shards)
 
 
 def llada(root: Path) -> None:
     """A tiny LLaDA-8B-Instruct in its release's layout: config.json with the release's field
-    names, model.safetensors, the tokenizer with its chat template and <|mdm_mask|>."""
+    names, sharded safetensors with their index, the tokenizer with its chat template and <|mdm_mask|>."""
     from tadm.models import llada as L
 
     tok = llada_tokenizer()
@@ -344,7 +353,7 @@ def llada(root: Path) -> None:
         for p in model.parameters():
             p.normal_(0.0, 0.05) if p.dim() > 1 else p.fill_(1.0)
     snapshot = hub_snapshot(root, "GSAI-ML/LLaDA-8B-Instruct")
-    L.save_llada(model, snapshot)
+    L.save_llada(model, snapshot, shards=SHARDS)
     raw = json.loads((snapshot / "config.json").read_text())
     raw.update({"architectures": ["LLaDAModelLM"], "model_type": "llada",
                 "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",

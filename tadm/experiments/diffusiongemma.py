@@ -3,7 +3,7 @@ trained fusions (`load_models`), the prompts' chat encoding and the completions'
 (`PromptIO`), and the probes that measure a generation: decoder-layer calls
 (`DecoderLayerCalls`, the paper's compute unit), the time and FLOPs of the per-step decoder
 calls (`DecoderProbe`), and a FLOP counter that sees the CPU attention kernel and the MoE's
-grouped matmuls (`FlopCount`, `count_flops`).
+grouped matmuls, torch's and transformers' fallback (`FlopCount`, `count_flops`).
 
     base, tadm, fresh, tok = load_models(p, root)
     io = PromptIO(tok, device)
@@ -14,6 +14,7 @@ grouped matmuls (`FlopCount`, `count_flops`).
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 from typing import Callable
@@ -52,12 +53,24 @@ def _grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | Non
     return 2 * a.shape[1] * a.shape[2] * (b.shape[1] if used is None else used)
 
 
+def _transformers_grouped_mm() -> dict:
+    """transformers' own grouped matmul, the custom op ``transformers::grouped_mm_fallback`` (a
+    loop of mm, rows of `input` grouped by `offs` as in torch._grouped_mm) that its MoE experts
+    run where torch's kernel cannot: under torch.compile below bf16, CUDA before compute
+    capability 8.0, CPU weights on torch <= 2.10 that are not 16-byte aligned (memory-mapped
+    safetensors). A dispatch mode sees it as one op, not its mms; {} where it is not registered."""
+    importlib.import_module("transformers.integrations.moe")  # registers the op
+    op = getattr(torch.ops.transformers, "grouped_mm_fallback", None)
+    return {op: _grouped_mm_flops} if op is not None else {}
+
+
 # torch's counter knows the CUDA attention kernels but not the CPU one, and no grouped matmul (the
 # MoE experts of DiffusionGemma: without it every expert FLOP would be missing); count them too.
 # The grouped matmul's formula reads offs's values, so it takes the tensors, not their shapes.
 _FORMULAS = {**flop_registry,
              torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: shape_wrapper(_cpu_attention_flops),
-             torch.ops.aten._grouped_mm: _grouped_mm_flops}
+             torch.ops.aten._grouped_mm: _grouped_mm_flops,
+             **_transformers_grouped_mm()}
 
 
 class FlopCount(TorchDispatchMode):

@@ -27,6 +27,11 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from tadm.compat import require_transformers
+
+require_transformers(what="DiffusionGemma paths (tadm.posttrain.anchored)")  # before transformers' DiffusionGemma
+
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     DiffusionGemmaGenerationMixin,
     EntropyBoundSamplerConfig,

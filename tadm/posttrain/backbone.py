@@ -24,7 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from tadm.compat import require_transformers
 from tadm.errors import ConfigError
+
+require_transformers(what="DiffusionGemma paths (tadm.posttrain.backbone)")
 
 
 @dataclass

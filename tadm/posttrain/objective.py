@@ -33,6 +33,11 @@ import math
 
 import torch
 from torch.nn import functional as F
+
+from tadm.compat import require_transformers
+
+require_transformers(what="DiffusionGemma paths (tadm.posttrain.objective)")  # before transformers' DiffusionGemma
+
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     EntropyBoundSampler,
     EntropyBoundSamplerConfig,

@@ -5,7 +5,6 @@ each stand-in with the call the paper profile makes -- load_dataset(name, config
 from_pretrained(hub id), snapshot_download, hf_hub_download -- and reports what it got."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -41,6 +40,13 @@ PROBE = textwrap.dedent("""
     from tadm.posttrain.model import load_base
     base = load_base(p.posttrain.base_model)
     out["dg_layers"] = base.config.text_config.num_hidden_layers
+    from huggingface_hub import snapshot_download
+    from safetensors.torch import load_file
+    import pathlib
+    saved, state = {}, base.state_dict()
+    for shard in pathlib.Path(snapshot_download(p.posttrain.base_model)).glob("model-*.safetensors"):
+        saved.update(load_file(shard))
+    out["dg_from_shards"] = [len(saved), sum(k in state and torch.equal(state[k], v) for k, v in saved.items())]
     from tadm.models import llada
     m = llada.load_llada(p.asrd.llada_model)
     t = llada.load_llada_tokenizer(llada.resolve_source(p.asrd.llada_model))
@@ -54,8 +60,18 @@ PROBE = textwrap.dedent("""
 """)
 
 
+def assert_sharded(snapshot) -> None:
+    """The release layout: more than one model-0000i-of-0000N.safetensors, all in the index's weight_map."""
+    shards = sorted(f.name for f in snapshot.glob("model-*-of-*.safetensors"))
+    index = json.loads((snapshot / "model.safetensors.index.json").read_text())
+    assert len(shards) > 1 and not (snapshot / "model.safetensors").exists()
+    assert sorted(set(index["weight_map"].values())) == shards
+
+
 def test_every_standin_loads_through_the_paper_loaders(tmp_path):
     root = standins.build(tmp_path / "hf", config.from_dict(run.render(), source="dry run"))
+    for repo in ("google/diffusiongemma-26B-A4B-it", "GSAI-ML/LLaDA-8B-Instruct"):  # loaded from shards below
+        assert_sharded(standins.hub_snapshot(root, repo))
     env = run._env(root)
     proc = subprocess.run([sys.executable, "-c", PROBE], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True,
                           text=True, timeout=600)
@@ -70,6 +86,7 @@ def test_every_standin_loads_through_the_paper_loaders(tmp_path):
     assert out["lcb"][0] == 12 and out["lcb"][1] == 2  # every release_v6 file; a public and a private test
     assert out["dg_prompt"].startswith("<bos><|turn>user\nhi<turn|>\n<|turn>model\n")
     assert out["dg_layers"] == 30 and out["llada"] == [True, True]
+    assert out["dg_from_shards"][0] > 0 and out["dg_from_shards"][1] == out["dg_from_shards"][0]  # read from the shards
     cached, loaded = out["base_params"]  # the headers also count the buffers saved with the weights
     assert loaded <= cached <= 1.001 * loaded
 

@@ -194,6 +194,33 @@ def test_flop_count_includes_the_experts_grouped_matmul():
     assert count_flops(lambda: torch._grouped_mm(torch.randn(3, 4, 8), b)) == 2 * 3 * 4 * 8 * 12
 
 
+@pytest.mark.parametrize("path", ["grouped_mm", "transformers_fallback", "eager"])
+def test_flop_count_of_the_moe_experts_is_the_closed_form(tiny_base, monkeypatch, path):
+    """One MoE layer of the tiny DiffusionGemma (the dry run's stand-in sizes: 4 experts, top 2,
+    hidden 32, expert width 16): every (token, chosen expert) pair costs gate_up (H -> 2I) and
+    down (I -> H), 2 * tokens * top_k * 3 * H * I FLOPs, whichever matmul the experts run:
+    torch's grouped matmul (the default), transformers' fallback op (no usable torch kernel) or
+    the per-expert loop (experts_implementation eager)."""
+    import transformers.integrations.moe as moe
+
+    from tadm.experiments.diffusiongemma import count_flops
+
+    experts = tiny_base.model.decoder.layers[0].experts
+    if path == "transformers_fallback":
+        monkeypatch.setattr(moe, "_can_use_grouped_mm", lambda *a: False)
+    elif path == "eager":
+        monkeypatch.setattr(experts.config, "_experts_implementation", "eager")
+    cfg = tiny_base.config.text_config
+    tokens, hidden, width, top_k = 10, cfg.hidden_size, cfg.moe_intermediate_size, cfg.top_k_experts
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=gen)
+    index = torch.stack([torch.randperm(cfg.num_experts, generator=gen)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=gen)
+    with torch.no_grad():
+        counted = count_flops(lambda: experts(x, index, weights))
+    assert counted == 2 * tokens * top_k * (hidden * 2 * width + width * hidden)
+
+
 def test_flop_count_is_torch_counter_plus_the_experts(tiny_base):
     """FlopCount on a whole generate: torch's FlopCounterMode (same formulas, with its module
     tracking and decompositions) plus the experts' grouped matmuls, which torch does not count:

@@ -31,6 +31,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from tadm.compat import require_transformers
+
+require_transformers(what="DiffusionGemma paths (tadm.caches.diffusiongemma)")  # before transformers' DiffusionGemma
+
 from transformers.models.diffusion_gemma import modeling_diffusion_gemma as mdg
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationMixin
 

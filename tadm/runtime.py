@@ -401,6 +401,14 @@ def device_free_bytes(device) -> tuple[bool, int | None]:
     return dev.type == "meta", None
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor `t` on `device`: for a GPU through pinned memory with a non-blocking copy, so
+    the host goes on queueing work while it travels; on the CPU `t` itself."""
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 def host(t: torch.Tensor) -> torch.Tensor:
     """A tensor's values on the host (for saving, numpy, JSON)."""
     return t.detach().to(CPU)

@@ -228,10 +228,7 @@ def step_tokens(data: PackedTokens, idx: list[int], mine: list[int], micro: int,
     and moved by one non-blocking copy, so the host never waits on the device here (the loop
     issues step s+1's copy while step s computes); on the CPU the split is of the stack itself."""
     rows = [i for j in mine for i in idx[j * micro:(j + 1) * micro]]
-    host = torch.stack([torch.from_numpy(data[i]) for i in rows])
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True).split(micro)
+    return runtime.to_device(torch.stack([torch.from_numpy(data[i]) for i in rows]), device).split(micro)
 
 
 # ----------------------------------------------------------------------------- EMA

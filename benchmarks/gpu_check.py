@@ -4,7 +4,9 @@ machine's accelerator, and how fast? One command, one table (benchmarks/gpu_chec
     (a) paper-arch MDLM and TADM training in bf16 through the real trainer, runtime.compile off
         and on (each transformer block compiled: tadm.train.trainer.compile_blocks): tokens/s
         and model FLOPs utilisation (a step's model FLOPs from tadm.compute: 3 x the forward,
-        LM heads on the masked rows, no recomputed head chunk)
+        LM heads on the masked rows, no recomputed head chunk); then one TADM step with the
+        heads' chunks checkpointed against kept (Method.checkpoint_heads), side by side in
+        alternating rounds: the step-time ratio and each one's peak memory
     (b) kill (SIGKILL) and resume of a training run on the device: weights after resume vs an
         uninterrupted run (and run-to-run, to separate resume bugs from kernel nondeterminism);
         a 40-step run, killed once its step-4 checkpoint exists
@@ -46,6 +48,7 @@ import os
 import platform
 import signal
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -142,6 +145,57 @@ def check_training(t: Table, args, device: torch.device, work: Path) -> None:
                       f"{100 * tps * per_token / peak:.1f}%", "target >= 40%")
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    check_head_readout(t, args, device)
+
+
+HEAD_ROUNDS = 6  # alternating rounds of the readout comparison (one step of each variant per round)
+
+
+def check_head_readout(t: Table, args, device: torch.device) -> None:
+    """One TADM training step (forward + backward, bf16 autocast, the profile's micro-batch) with
+    the heads' chunks checkpointed against kept (`Method.checkpoint_heads`, what the trainer
+    chooses from the memory estimate), timed side by side in alternating rounds: the median
+    step time of each, their ratio, and each one's peak device memory. Checkpointing is forced at
+    any size here (tadm.losses.CHECKPOINT_MIN_ELEMENTS = 0), so --smoke exercises both paths."""
+    from tadm import losses
+    from tadm.methods import get_method
+
+    p = paper_params(args.smoke)
+    vocab, L, b = p.tokenizer.vocab_size, p.packing.seq_len, p.train.micro_batch
+    method = get_method("tadm", p)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = method.build_model(vocab, L)
+    x = torch.randint(vocab, (b, L), device=device)
+    autocast = runtime.autocast(device, p.train.precision)
+    saved_min, losses.CHECKPOINT_MIN_ELEMENTS = losses.CHECKPOINT_MIN_ELEMENTS, 0
+    times, peaks = {True: [], False: []}, {}
+    try:
+        for r in range(HEAD_ROUNDS + 1):  # round 0 warms up and is not timed
+            for keep in ((True, False) if r % 2 else (False, True)):
+                method.checkpoint_heads = not keep
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                runtime.synchronize(device)
+                t0 = time.perf_counter()
+                with autocast:
+                    loss = method.loss(model, x, torch.Generator(device).manual_seed(r)).float().sum()
+                loss.backward()
+                runtime.synchronize(device)
+                if r:
+                    times[keep].append(time.perf_counter() - t0)
+                if device.type == "cuda":
+                    peaks[keep] = torch.cuda.max_memory_allocated(device)
+                model.zero_grad(set_to_none=True)
+    finally:
+        losses.CHECKPOINT_MIN_ELEMENTS = saved_min
+    kept, ckpt = (statistics.median(times[k]) for k in (True, False))
+    where = f"tadm, micro {b} x L {L}, {HEAD_ROUNDS} alternating rounds"
+    t.add("a train", "head readout: checkpointed / kept step time", f"{ckpt / kept:.3f}",
+          f"{where}; median step {1e3 * kept:.1f} ms kept, {1e3 * ckpt:.1f} ms checkpointed")
+    if peaks:
+        t.add("a train", "head readout: peak memory kept / checkpointed",
+              f"{peaks[True] / peaks[False]:.3f}", f"{peaks[True] / 2**30:.2f} GiB kept, {peaks[False] / 2**30:.2f} GiB checkpointed")
 
 
 # ----------------------------------------------------------------------------- (b) kill and resume

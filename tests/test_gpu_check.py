@@ -38,6 +38,9 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
         for tag in ("compile off", "compile on, aot_eager"):
             assert any(r["check"].startswith(f"{name} tokens/s") and tag in r["check"] for r in trained), (name, tag)
     assert all("model FLOPs" in r["note"] for r in trained if "tokens/s" in r["check"])
+    # the heads' readout checkpointed against kept, side by side: recomputing the heads costs time
+    head = [r for r in trained if r["check"] == "head readout: checkpointed / kept step time"]
+    assert head and float(head[0]["value"]) > 0 and "alternating rounds" in head[0]["note"], head
     # the sampling rows carry measured / FLOP-bound ratios for every method and K: batch 1 first
     # (the whole trajectory), the CUDA-graph row (skipped on the CPU), the probed largest batch,
     # and that batch timed on the first steps of the T-step trajectory

@@ -261,8 +261,11 @@ def machine_memory(p: Params) -> tuple[int, str, bool]:
     return ram, "RAM", False
 
 
-def estimates(p: Params, on_gpu: bool = False) -> list[Estimate]:
-    out = [training_estimate(kind, p, on_gpu) for kind in dict.fromkeys(p.train.models)]
+def estimates(p: Params, on_gpu: bool = False, available: Optional[int] = None) -> list[Estimate]:
+    """Each model of train.models (with `available` bytes: the estimate it trains under there,
+    :func:`fitting_training_estimate`), then the post-training base where it can be told."""
+    out = [training_estimate(kind, p, on_gpu) if available is None
+           else fitting_training_estimate(kind, p, available, on_gpu)[0] for kind in dict.fromkeys(p.train.models)]
     base = base_estimate(p, on_gpu)
     return out + ([base] if base is not None else [])
 
@@ -283,9 +286,7 @@ def check_memory(p: Params, source: str = "params.yaml", available: Optional[int
     (`available` bytes; default: :func:`machine_memory`)."""
     if available is None:
         available, where, on_gpu = machine_memory(p)
-    result = [fitting_training_estimate(kind, p, available, bool(on_gpu))[0] for kind in dict.fromkeys(p.train.models)]
-    base = base_estimate(p, bool(on_gpu))
-    result += [base] if base is not None else []
+    result = estimates(p, bool(on_gpu), available)
     for e in result:
         _refuse_if_too_big(e, "posttrain.base" if "base" in e.name else "model", available, where or "memory", source)
     return result

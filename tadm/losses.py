@@ -38,6 +38,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from tadm.forward_process import StalePair
+from tadm.memory_estimate import HEAD_CHUNK_ELEMENTS
 from tadm.schedule import NoiseSchedule
 
 
@@ -71,7 +72,7 @@ def _weighted_masked_sum(log_p: Tensor, weight: Tensor, selected: Tensor) -> Ten
 
 # --------------------------------------------------------------------------- scored rows only
 
-CHUNK_ELEMENTS = 1 << 25  # logits per chunk: 667 rows at V+1 = 50258 (128 MiB in fp32; memory_estimate's)
+CHUNK_ELEMENTS = HEAD_CHUNK_ELEMENTS  # logits per chunk: 667 rows at V+1 = 50258 (128 MiB in fp32)
 # Checkpoint only when the rows' logits are at least this many values (4 MiB in fp32): below,
 # keeping them costs nothing worth a recomputation (and checkpointing's fixed overhead is ~20%
 # of a micro-profile training step).
@@ -122,27 +123,56 @@ class Readout:
     per-sequence sum (B,) of a per-row loss over the rows that score.
 
     ``model(z_t, readout=r)`` returns ``r(h, head)``: the hidden states h (B, L, d) are
-    gathered at ``rows`` (N, d), then the head and ``row_loss`` run on them chunk by chunk
-    (:func:`row_losses`); the N values go back to their positions in a (B, L) zero tensor,
-    summed over L like the full-logits reference. It is called inside the model's forward, so a
+    gathered at the scored rows, then the head and ``row_loss`` run on them chunk by chunk
+    (:func:`row_losses`); the values go back to their positions in a (B, L) zero tensor, summed
+    over L like the full-logits reference. It is called inside the model's forward, so a
     DDP-wrapped model sees its head used through its own forward. A plain class (not a
     dataclass), so DDP passes it to forward unchanged.
+
+    No host sync: the number N of scored rows is random, so the gather has a fixed size,
+    ``capacity`` rows (None: all B L rows, no gather). A stable sort puts the scored rows first,
+    in position order, and the first ``capacity`` positions are gathered; rows past N are
+    computed and given weight 0 (exact zeros, no gradient). The capacity is a bound N exceeds
+    with negligible probability (`tadm.forward_process.masked_rows_capacity`); should N exceed it
+    anyway, every sequence's sum is NaN (never a sum over fewer rows) and ``excess`` (a device
+    scalar, rows past the capacity) says why: the trainer reads it with its periodic checks.
     """
 
     def __init__(self, rows: Tensor, targets: Tensor, row_loss: Callable[[Tensor, Tensor], Tensor],
-                 n_cols: int, checkpoint: bool = True):
+                 n_cols: int, checkpoint: bool = True, capacity: int | None = None):
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"readout capacity must be a positive number of rows, got {capacity}")
         self.rows = rows  # bool (B, L)
-        self.targets = targets[rows]  # (N,)
         self.row_loss = row_loss
         self.n_cols = n_cols
         self.checkpoint = checkpoint
+        flat = rows.reshape(-1)
+        if capacity is None or capacity >= flat.numel():  # every row: no gather, no overflow
+            self.index, self.excess, self.capacity = None, None, flat.numel()
+            self.scored, self.targets = flat, targets.reshape(-1)
+        else:
+            self.capacity = capacity
+            # the scored rows first, each group in position order: the first N entries are the
+            # rows a boolean mask would select, in its order
+            self.index = torch.argsort(flat, descending=True, stable=True)[:capacity]  # (C,)
+            self.scored = flat[self.index]  # (C,) True for the first min(N, C)
+            self.targets = targets.reshape(-1)[self.index]
+            self.excess = (flat.sum() - capacity).clamp(min=0)  # 0-dim long, on the device
 
     def __call__(self, h: Tensor, head: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """h (B, L, ...) -> (B,): sum over the rows of row_loss(head(h^l), target^l)."""
         if tuple(h.shape[:2]) != tuple(self.rows.shape):
             raise ValueError(f"readout over rows {tuple(self.rows.shape)} got states of shape {tuple(h.shape)}")
-        values = row_losses(h[self.rows], self.targets, head, self.row_loss, self.n_cols, self.checkpoint)
-        return values.new_zeros(self.rows.shape).masked_scatter(self.rows, values).sum(-1)
+        flat = h.reshape(-1, *h.shape[2:])
+        picked = flat if self.index is None else flat.index_select(0, self.index)
+        values = row_losses(picked, self.targets, head, self.row_loss, self.n_cols, self.checkpoint)
+        values = torch.where(self.scored, values, values.new_zeros(()))
+        if self.index is not None:  # back to the rows' positions
+            values = values.new_zeros(flat.shape[0]).index_copy(0, self.index, values)
+        sums = values.view(self.rows.shape).sum(-1)
+        if self.excess is not None:  # more scored rows than the capacity: no value at all
+            sums = torch.where(self.excess > 0, sums.new_full((), float("nan")), sums)
+        return sums
 
 
 def _subs_cross_entropy(logits: Tensor, target: Tensor, mask_id: int, dtype: torch.dtype) -> Tensor:
@@ -152,12 +182,13 @@ def _subs_cross_entropy(logits: Tensor, target: Tensor, mask_id: int, dtype: tor
 
 
 def subs_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32,
-                 checkpoint: bool = True) -> Readout:
+                 checkpoint: bool = True, capacity: int | None = None) -> Readout:
     """-sum_l [z_t^l = m] log x_theta^l[x^l] per sequence: the rows masked in z_t (under SUBS
-    every other row is a point mass on its own token, log-prob 0), targets x. Also the anchor
-    cross-entropy's rows when given z_t' (TADM)."""
+    every other row is a point mass on its own token, log-prob 0), targets x, at most
+    `capacity` of them gathered (`Readout`). Also the anchor cross-entropy's rows when given
+    z_t' (TADM)."""
     return Readout(z_t == mask_id, x, functools.partial(_subs_cross_entropy, mask_id=mask_id, dtype=dtype),
-                   mask_id + 1, checkpoint)
+                   mask_id + 1, checkpoint, capacity)
 
 
 def nelbo_from_rows(ce_sum: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:
@@ -389,11 +420,12 @@ def _sedd_bracket(logits: Tensor, target: Tensor, mask_id: int, dtype: torch.dty
 
 
 def sedd_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32,
-                 checkpoint: bool = True) -> Readout:
+                 checkpoint: bool = True, capacity: int | None = None) -> Readout:
     """The score entropy reads masked positions only (an unmasked one contributes 0): the
-    rows masked in z_t, targets x, per-row bracket sum_y exp(l_y) - l_x - 1."""
+    rows masked in z_t (at most `capacity` gathered), targets x, per-row bracket
+    sum_y exp(l_y) - l_x - 1."""
     return Readout(z_t == mask_id, x, functools.partial(_sedd_bracket, mask_id=mask_id, dtype=dtype), mask_id + 1,
-                   checkpoint)
+                   checkpoint, capacity)
 
 
 def sedd_score_entropy_rows(bracket_sum: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:

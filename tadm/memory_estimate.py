@@ -71,7 +71,7 @@ COND = 128  # tadm.models.dit.COND_DIM
 FREQ = 256  # tadm.models.dit.FREQ_DIM
 STATE_BYTES = 20  # fp32 weights + gradients + two AdamW moments + EMA copy
 LOGIT_COPIES = 3  # logits, log-softmax, its gradient
-HEAD_CHUNK_ELEMENTS = 1 << 25  # logits of one checkpointed head chunk (tadm.losses.CHUNK_ELEMENTS)
+HEAD_CHUNK_ELEMENTS = 1 << 25  # logits of one head chunk (tadm.losses reads it: CHUNK_ELEMENTS)
 
 
 @dataclass

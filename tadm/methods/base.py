@@ -36,7 +36,7 @@ import torch
 
 from tadm import compute, memory_estimate as mem
 from tadm.config import ModelConfig, Params
-from tadm.forward_process import mask_tokens, sample_times
+from tadm.forward_process import mask_tokens, masked_rows_capacity, sample_times
 from tadm.losses import Readout, subs_readout
 from tadm.models.base import TadmModel
 from tadm.registry import METHODS, TABLE2_ROWS
@@ -89,6 +89,7 @@ class Method:
         # the readouts' head chunks under activation checkpointing (tadm.losses.row_losses); the
         # trainer sets False when the memory estimate with every logit kept fits the machine
         self.checkpoint_heads = True
+        self._excess: torch.Tensor | None = None  # rows past a readout's capacity, on the device
 
     @property
     def model_type(self) -> str:
@@ -103,10 +104,25 @@ class Method:
         z_t = mask_tokens(x, self.schedule.alpha(t), self.mask_id, gen)
         return t, z_t
 
-    def readout(self, z: torch.Tensor, x: torch.Tensor) -> Readout:
-        """The SUBS readout of the rows masked in `z` against `x` (tadm.losses.subs_readout),
-        its head chunks checkpointed as ``checkpoint_heads`` says."""
-        return subs_readout(z, x, self.mask_id, checkpoint=self.checkpoint_heads)
+    def readout(self, z: torch.Tensor, x: torch.Tensor, shift: float = 0.0, build=subs_readout) -> Readout:
+        """The readout (`build`: tadm.losses.subs_readout, sedd_readout) of the rows masked in `z`
+        (drawn at the times of `_noised`, or up to `shift` later) against `x`, its head chunks
+        checkpointed as ``checkpoint_heads`` says, its gather sized by
+        `forward_process.masked_rows_capacity` (no host read). Its overflow flag is kept for
+        `take_excess`."""
+        B, L = z.shape
+        r = build(z, x, self.mask_id, checkpoint=self.checkpoint_heads,
+                  capacity=masked_rows_capacity(B, L, EPS, shift))
+        if r.excess is not None:
+            self._excess = r.excess if self._excess is None else torch.maximum(self._excess, r.excess)
+        return r
+
+    def take_excess(self) -> torch.Tensor | None:
+        """The most rows any readout made since the last call had past its capacity (a device
+        scalar, 0 when none overflowed; None when no readout gathered), and forget it. Read it
+        where the loop syncs anyway (tadm.train.divergence.FiniteWatch)."""
+        out, self._excess = self._excess, None
+        return out
 
     def loss(self, model, x: torch.Tensor, gen: torch.Generator, progress: float = 1.0) -> torch.Tensor:
         """What training optimises, (B,); `progress` = step / train.steps."""
@@ -181,7 +197,8 @@ class AnchoredMethod(Method):
 
     @classmethod
     def parameters(cls, name: str, m: ModelConfig, vocab_size: int) -> int:
-        v = cls.vocabulary(vocab_size)
-        return v * m.d_model + cls.layers(m) * mem.block_parameters(m.d_model, m.mlp_ratio) \
-            + 2 * mem.head_parameters(m.d_model, v) + 2 * mem.COND_PARAMS + cls.joint_parameters(m, vocab_size)
+        """The single network's count over both networks' layers, plus the second head, the
+        second conditioning embedder and what joins the two."""
+        return super().parameters(name, m, vocab_size) + mem.head_parameters(m.d_model, cls.vocabulary(vocab_size)) \
+            + mem.COND_PARAMS + cls.joint_parameters(m, vocab_size)
 

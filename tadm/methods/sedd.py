@@ -17,5 +17,5 @@ class SEDDMethod(Method):
 
     def nelbo(self, model, x, gen):
         t, z_t = self._noised(x, gen)
-        readout = sedd_readout(z_t, x, self.mask_id, checkpoint=self.checkpoint_heads)
+        readout = self.readout(z_t, x, build=sedd_readout)
         return sedd_score_entropy_rows(model(z_t, readout=readout), t, self.schedule)

@@ -33,6 +33,8 @@ class TADMMethod(AnchoredMethod):
     def __init__(self, name, p):
         super().__init__(name, p)
         self.gamma = 0.0 if name in GAMMA0_RUNS else p.train.gamma
+        # the largest t' - t = k / T of `stale_times`: (max K - 1) / min T
+        self.stale_shift = (max(p.train.refresh_choices) - 1) / min(p.train.budget_choices)
 
     def build_model(self, vocab_size, seq_len):
         model = super().build_model(vocab_size, seq_len)
@@ -45,9 +47,9 @@ class TADMMethod(AnchoredMethod):
         pair = stale_pair(x, t, self.schedule, self.mask_id, self.p.train.refresh_choices,
                           self.p.train.budget_choices, gen)
         readout = self.readout(pair.z_t, x)
-        if self.gamma > 0:  # the anchor head scores the rows masked in z_t'
+        if self.gamma > 0:  # the anchor head scores the rows masked in z_t' (t' <= t + stale_shift)
             ce, anchor_ce = model(pair.z_t, pair.z_tprime, readout=readout,
-                                  anchor_readout=self.readout(pair.z_tprime, x))
+                                  anchor_readout=self.readout(pair.z_tprime, x, self.stale_shift))
         else:
             ce, anchor_ce = model(pair.z_t, pair.z_tprime, readout=readout), None
         total, _ = t_anelbo_rows(ce, anchor_ce, pair, self.schedule, self.gamma)

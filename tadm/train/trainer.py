@@ -50,7 +50,7 @@ from tadm.io import read_manifest, atomic_write_json, atomic_write_text, require
 from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
 from tadm.train import checkpoint
 from tadm.methods import Method, get_method
-from tadm.train.divergence import FiniteWatch, check_value
+from tadm.train.divergence import FiniteWatch, check_excess, check_value
 
 
 @dataclass
@@ -107,10 +107,11 @@ def compiled_pieces(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The fixed-shape pieces ``runtime.compile`` compiles: every DiT block (MDLM / SEDD / AR's
     ``blocks``, ADLM and TADM's ``anchor_blocks`` and ``denoiser_blocks``) and TADM's fusion.
 
-    Not the whole model: its masked-row readout (``h[rows]``, a data-dependent number of rows and
-    of head chunks per step) breaks a whole-model graph and recompiles it for every new chunk
-    count, and TADM's two forwards (training's stale pair, validation's fresh anchor) and two
-    heads then reach the recompile limit and fall back to eager. A block sees (B, L, d) in,
+    Not the whole model: its readouts gather a fixed number of rows (tadm.losses.Readout's
+    capacity), but that number differs between training and validation, between TADM's two
+    readouts (z_t and the staler z_t') and between ADLM's (masked rows, every row), and TADM's
+    two forwards (training's stale pair, validation's fresh anchor) and two heads then reach
+    the recompile limit and fall back to eager. A block sees (B, L, d) in,
     (B, L, d) out at every step of a run, so its graph is traced once per grad mode and batch
     size (training's micro-batch; validation's, under no_grad) and every block of a model
     shares it (same code, same shapes; parameters are graph inputs, not constants)."""
@@ -327,11 +328,16 @@ def evaluate(method: Method, model: torch.nn.Module, data: PackedTokens, p: Para
     for j, start in enumerate(range(0, n, p.train.micro_batch)):
         x = torch.stack([torch.from_numpy(data[i]) for i in range(start, min(n, start + p.train.micro_batch))])
         gen = torch.Generator(device=d.device).manual_seed(_seed(p.seed, 0xE7A1, j))
-        nll = method.nelbo(model, x.to(d.device), gen)
+        nll = method.nelbo(model, runtime.to_device(x, d.device), gen)
         total += nll.sum().double()
         tokens += x.numel()
     model.train()
-    return float(total) / tokens
+    excess = method.take_excess()
+    if excess is None:
+        return float(total) / tokens
+    total, excess = torch.stack([total, excess.double()]).tolist()  # one host read
+    check_excess(method.name, "in validation", excess)
+    return total / tokens
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
@@ -454,7 +460,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
         ema.update(model)
         steps_since += 1
         done = step + 1
-        watch.observe(done, loss_sum, grad_norm)
+        watch.observe(done, loss_sum, grad_norm, method.take_excess())
 
         logged, evaluated = done % p.train.log_every == 0, done % p.train.eval_every == 0
         saved = done % p.train.checkpoint_every == 0 or done == p.train.steps

@@ -110,13 +110,31 @@ def graphed_pieces(model) -> list:
 _NOTED: set[str] = set()
 
 
+# sampling batches from which runtime.compile compiles the sampling network's blocks on a GPU:
+# below, a step is bound by kernel launches, which CUDA graphs remove and compiled kernels do not
+COMPILE_MIN_BATCH = 8
+
+
+def compiles_sampling(params: Params, device) -> bool:
+    """Whether `prepare_model` compiles the blocks: runtime.compile on, a CUDA device, and
+    sample.batch_size >= COMPILE_MIN_BATCH (elementwise work then fills half a step)."""
+    return params.runtime.compile and device.type == "cuda" \
+        and params.sample.batch_size >= COMPILE_MIN_BATCH
+
+
 def prepare_model(model, params: Params, d: runtime.Dist):
     """The loaded `model` ready to sample on `d` (module docstring): its Linear weights cast to
-    bf16 once where the samplers' autocast is bf16 (`runtime.cast_for_autocast`), and, with
+    bf16 once where the samplers' autocast is bf16 (`runtime.cast_for_autocast`); its DiT blocks
+    and TADM's fusion compiled where `compiles_sampling` says (the training pieces,
+    `tadm.train.trainer.compile_blocks`: fixed shapes, one graph per batch size); and, with
     runtime.cuda_graphs on a CUDA device, its fixed-shape pieces replayed from CUDA graphs
     (`graphed_pieces`; off CUDA one note on stderr per process). Returns (model, the CUDA-graph
     handle or None)."""
     runtime.cast_for_autocast(model, d.device, d.precision)
+    if compiles_sampling(params, d.device):
+        from tadm.train.trainer import compile_blocks
+
+        compile_blocks(model)
     setting = params.runtime.cuda_graphs
     note = runtime.cuda_graphs_note(setting, d.device)
     if note is not None:
@@ -286,5 +304,5 @@ def load_samples(out_dir: str | Path, steps: int) -> tuple[np.ndarray, dict[str,
     return np.load(path, allow_pickle=False), json.loads((out_dir / f"T{steps}.json").read_text())
 
 
-__all__ = ["SampleRun", "batch_seed", "batch_sizes", "network_autocast", "prepare_model", "graphed_pieces", "draw_samples", "run_samples", "save_samples",
+__all__ = ["SampleRun", "batch_seed", "batch_sizes", "network_autocast", "prepare_model", "compiles_sampling", "graphed_pieces", "draw_samples", "run_samples", "save_samples",
            "shared_record", "load_samples", "sampler_settings", "reusable_samples"]

@@ -44,13 +44,22 @@ One reverse trajectory per batch (the conventions of MDLM's and ReMDM's released
 6. Device and host syncs: everything runs on the adapter's device (the model's); the network
    body and head run under `tadm.runtime.autocast(device, cfg.autocast)` (bf16 on CUDA, nothing
    on the CPU), the logits are cast to `precision` before SUBS / softmax / nucleus / the draw.
-   A step reads the device once (`_Network.plan`): one small tensor holding the number N of
-   decoding positions and the flags the step branches on (ddpm_cache: canvas unchanged since the
-   last call; a data-dependent anchor refresh, `RefreshPolicy.due_flag`; the range check of
-   per-position rates, `factored(deferred=...)`). Everything else has fixed shapes or shapes
-   known from N: the decoding rows are gathered by index (`decoded_rows`) and the drawn tokens
-   scattered back, never boolean-mask indexed. Per trajectory two more reads: the schedule's
-   alpha on the time grid (once) and the end-of-block check (once, after the last block). (On
+   The uniforms u that settle which positions decode or re-mask come from a generator of their
+   own (`mask_generator`, seeded by one draw from the run's generator, which then draws only the
+   tokens). Where the rates are host numbers (`Sampler.masks_only`: MDLM, SEDD's analytic step,
+   ReMDM but for its conf strategy, the FB / DFM correctors) and ddpm_cache is off (Table 2's
+   fixed budgets), which positions decode at each step does not depend on the tokens drawn, so
+   the masks of up to PLAN_STEPS steps of a block are drawn ahead (`_draw_masks`) and their
+   counts read together: one host read per PLAN_STEPS steps, the same trajectory as one step at
+   a time. Otherwise a step reads the device once (`_Network.plan`): one small tensor holding
+   the number N of decoding positions and the flags the step branches on (ddpm_cache: canvas
+   unchanged since the last call; a data-dependent anchor refresh, `RefreshPolicy.due_flag`,
+   which a drawn-ahead step reads on its own; the range check of per-position rates,
+   `factored(deferred=...)`). Everything else has fixed shapes or shapes known from N: the
+   decoding rows are gathered by index (`decoded_rows`) and the drawn tokens scattered back,
+   never boolean-mask indexed. Per trajectory three more reads: the schedule's alpha on the
+   time grid (once), the mask generator's seed and the end-of-block check (once, after the
+   last block). (On
    a CPU tensor the nucleus draw also reads its own values to pick its rows' way: free there,
    with no device to wait for; on any other device it reads nothing, `tadm.sampling.nucleus`.)
 7. Per-call tables: the rotary tables are built once per length and device and kept
@@ -58,7 +67,7 @@ One reverse trajectory per batch (the conventions of MDLM's and ReMDM's released
    (`tadm.models.dit.constant_conditioning`); both equal the freshly built ones bit for bit.
 8. Pause and resume (one trajectory: num_samples within one batch). ``sample(..., stop=i)`` runs
    reverse steps 0..i-1 and returns the canvas there (it may hold masks) with `SampleResult.paused`,
-   a `Paused`: the canvas, the generator's state, the sampler's per-trajectory state
+   a `Paused`: the canvas, the states of the generator and of the mask generator, the sampler's per-trajectory state
    (`Sampler.state`: ReMDM-conf's confidences) and the adapter's (`Adapter.state`: TADM's anchor
    cache). ``sample(..., start=paused)`` goes on from step i exactly as the uninterrupted run
    would (the same tokens, the same anchor refreshes); `start` and `stop` together run steps
@@ -169,6 +178,7 @@ class Paused:
     total: int  # the trajectory's number of reverse steps (T; DFM's grid: more)
     z: Tensor  # (B, L) the canvas before step `step`, on the adapter's device
     generator: Tensor  # the generator's state (torch.Generator.get_state)
+    masks: Tensor  # the state of the trajectory's generator of the step's uniforms (`mask_generator`)
     sampler: dict[str, Any]  # Sampler.state()
     adapter: Any  # Adapter.state() (TADM: its anchor cache; None for stateless models)
     settings: SamplerSettings  # the run's (a resumed run must have the same steps, sampler, blocks)
@@ -372,6 +382,10 @@ class Sampler(abc.ABC):
     """
 
     names: ClassVar[tuple[str, ...]] = ()
+    # True: `transition` reads only which positions of z_t are masked (its rates are host
+    # numbers), so the loop may draw the masks of many steps ahead with one host read (module
+    # docstring, 6); False: one step at a time
+    masks_only: bool = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -467,32 +481,43 @@ class _Network:
     def autocast(self):
         return runtime.autocast(self.device, self.cfg.autocast)
 
-    def plan(self, z: Tensor, step: int, decoded: Tensor, checks: Deferred) -> tuple[int, bool]:
-        """(N = number of decoding positions, reused) for this step, from the step's one host
-        read: N, the adapter's refresh flag when it depends on data, whether the canvas changed
-        since the last network call (ddpm_cache), and the deferred rate checks."""
+    def plan(self, z: Tensor, step: int, decoded: list[Tensor], checks: Deferred) -> tuple[list[int], bool | Tensor]:
+        """(N = number of decoding positions of each step of `decoded`, the first step's refresh
+        flag) from one host read: the N, the adapter's refresh flag at `step` when it depends on
+        data, whether the canvas changed since the last network call (ddpm_cache; then `decoded`
+        is one step), and the deferred rate checks."""
         cfg, adapter = self.cfg, self.adapter
         due = adapter.due_flag(z, step)
-        compare = cfg.ddpm_cache and self.canvas is not None
-        pending = [decoded.sum()]
+        self.compare = cfg.ddpm_cache and self.canvas is not None
+        pending = [d.sum() for d in decoded]
         if isinstance(due, Tensor):
             pending.append(due)
-        if compare:
+        if self.compare:
             pending.append((self.canvas != z).any())
         pending += [bad for bad, _ in checks]
         values = torch.stack([p.reshape(()).to(torch.long) for p in pending]).tolist()  # the host read
-        n, rest = values[0], values[1:]
+        counts, rest = values[:len(decoded)], values[len(decoded):]
         if isinstance(due, Tensor):
             due, rest = bool(rest[0]), rest[1:]
-        adapter.decide(z, step, due)
-        changed = True
-        if compare:
-            changed, rest = bool(rest[0]), rest[1:]
+        self.changed = True
+        if self.compare:
+            self.changed, rest = bool(rest[0]), rest[1:]
         for (_, message), bad in zip(checks, rest):
             if bad:
                 raise ValueError(message())
-        reused = cfg.ddpm_cache and adapter.can_reuse(z, step) and (n == 0 or not changed)
-        return n, reused
+        return counts, due
+
+    def decide(self, z: Tensor, step: int, n: int, due: bool | Tensor | None) -> bool:
+        """Settle the adapter's refresh at `step` (`due`: from the plan's read; None: ask the
+        adapter, and read a data-dependent flag on its own) and whether the step reuses the last
+        network call (ddpm_cache)."""
+        cfg, adapter = self.cfg, self.adapter
+        if due is None:
+            due = adapter.due_flag(z, step)
+            if isinstance(due, Tensor):
+                due = bool(due)  # a refresh that depends on the canvas: its own host read
+        adapter.decide(z, step, due)
+        return cfg.ddpm_cache and adapter.can_reuse(z, step) and (n == 0 or not self.changed)
 
     def step(self, z: Tensor, step: int, t: float, decoded: Tensor, n: int, reused: bool
              ) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -521,6 +546,39 @@ class _Network:
         return x, full, rows
 
 
+PLAN_STEPS = 64  # steps whose masks are drawn ahead together (bounds the plan's memory: 2 (B, L) bools a step)
+
+
+def mask_generator(generator: torch.Generator) -> torch.Generator:
+    """The generator of a trajectory's per-step uniforms u (which positions decode or re-mask),
+    seeded by one draw from `generator` (which then draws only the tokens): the masks of many
+    steps can be drawn ahead and give the same trajectory as one step at a time."""
+    seed = torch.randint(0, 2**62, (), generator=generator, device=generator.device)
+    return torch.Generator(generator.device).manual_seed(int(seed))  # one host read per trajectory
+
+
+def _draw_masks(sampler: Sampler, z: Tensor, steps: range, grid: list[tuple[float, float]], per_block: int,
+                active: Tensor, masks: torch.Generator, precision: torch.dtype, keep_transitions: bool
+                ) -> list[tuple[Transition | None, Tensor, Tensor]]:
+    """[(the transition, or None unless `keep_transitions`; decoded (B, L); re-masked (B, L))]
+    for `steps` of one block from canvas z, the uniforms drawn from `masks`, one step after the
+    other. After the first step only the mask pattern of the canvas is carried forward (a
+    decoded position holds a placeholder token): valid for more than one step only when the
+    sampler's rates read nothing else (`Sampler.masks_only`)."""
+    mask_id = sampler.mask_id
+    out = []
+    for step in steps:
+        t, s = grid[step % per_block]
+        tr = sampler.transition(z, t, s, active)
+        u = torch.rand(z.shape, generator=masks, device=z.device, dtype=precision)
+        masked = z == mask_id
+        decoded, remasked = masked & (u < tr.unmask), ~masked & (u < tr.remask)
+        out.append((tr if keep_transitions else None, decoded, remasked))
+        if step + 1 < steps.stop:
+            z = torch.where(decoded, 0, z).masked_fill(remasked, mask_id)
+    return out
+
+
 def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch: int, seq_len: int,
                 generator: torch.Generator, callback: Callable[[StepInfo], None] | None,
                 start: Paused | None = None, stop: int | None = None) -> tuple[Tensor, Paused | None]:
@@ -543,43 +601,50 @@ def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch:
     sampler.start(z)
     if start is None:
         adapter.counter.start_trajectory(batch, seq_len)
+        masks = mask_generator(generator)
     else:
         if start.z.shape != z.shape:
             raise ValueError(f"the paused canvas is {tuple(start.z.shape)}, this run's {tuple(z.shape)}")
         z = start.z
         sampler.restore(start.sampler)
         adapter.restore(start.adapter)
+        masks = torch.Generator(device)
+        masks.set_state(start.masks)
     network = _Network(adapter, cfg)
     positions = torch.arange(seq_len, device=device)
     left = []  # masked positions left in each block ended here: read once, at the end
-    active = None
-    sampler.defer_checks(True)  # per-position rate checks: read with the step's one host read
+    # the masks of up to PLAN_STEPS steps are drawn ahead where the rates allow it (module doc, 6)
+    horizon = PLAN_STEPS if sampler.masks_only and not cfg.ddpm_cache else 1
+    sampler.defer_checks(True)  # per-position rate checks: read with the plan's one host read
     try:
-        for step in range(first, last):
-            b, i = divmod(step, per_block)
-            if active is None or i == 0:
-                lo, hi = blocks[b]
-                active = (positions >= lo) & (positions < hi)
-            t, s = grid[i]
-            tr = sampler.transition(z, t, s, active)
-            u = torch.rand(z.shape, generator=generator, device=device, dtype=cfg.precision)
-            masked = z == mask_id
-            decoded, remasked = masked & (u < tr.unmask), ~masked & (u < tr.remask)
-            n, reused = network.plan(z, step, decoded, sampler.pending_checks())
-            x_theta, full, rows = network.step(z, step, t, decoded, n, reused)
-            z_s = z.masked_fill(remasked, mask_id)
-            token_prob = x_theta.new_empty(0)
-            if n:
-                tokens, token_prob = draw_nucleus(x_theta, cfg.nucleus_p, generator)
-                z_s.view(-1).scatter_(0, rows, tokens)
-            sampler.observe(z, z_s, decoded, token_prob, rows)
-            if callback is not None:
-                p = cfg.nucleus_p
-                callback(StepInfo(step, b, t, s, z, z_s, decoded, nucleus_filter(x_theta, p), tr, active, reused,
-                                  None if full is None else nucleus_filter(full, p)))
-            z = z_s
-            if i == per_block - 1:
-                left.append((b, ((z == mask_id) & active).sum()))
+        step = first
+        while step < last:
+            b = step // per_block
+            lo, hi = blocks[b]
+            active = (positions >= lo) & (positions < hi)
+            end = min(last, (b + 1) * per_block, step + horizon)
+            plan = _draw_masks(sampler, z, range(step, end), grid, per_block, active, masks, cfg.precision,
+                               keep_transitions=callback is not None)
+            counts, due = network.plan(z, step, [d for _, d, _ in plan], sampler.pending_checks())
+            for j, ((tr, decoded, remasked), n) in enumerate(zip(plan, counts)):
+                i = step % per_block
+                t, s = grid[i]
+                reused = network.decide(z, step, n, due if j == 0 else None)
+                x_theta, full, rows = network.step(z, step, t, decoded, n, reused)
+                z_s = z.masked_fill(remasked, mask_id)
+                token_prob = x_theta.new_empty(0)
+                if n:
+                    tokens, token_prob = draw_nucleus(x_theta, cfg.nucleus_p, generator)
+                    z_s.view(-1).scatter_(0, rows, tokens)
+                sampler.observe(z, z_s, decoded, token_prob, rows)
+                if callback is not None:
+                    p = cfg.nucleus_p
+                    callback(StepInfo(step, b, t, s, z, z_s, decoded, nucleus_filter(x_theta, p), tr, active, reused,
+                                      None if full is None else nucleus_filter(full, p)))
+                z = z_s
+                if i == per_block - 1:
+                    left.append((b, ((z == mask_id) & active).sum()))
+                step += 1
     finally:
         sampler.defer_checks(False)
     if left:
@@ -588,7 +653,8 @@ def _trajectory(adapter: Adapter, sampler: Sampler, cfg: SamplerSettings, batch:
                 raise RuntimeError(f"sampler {cfg.sampler!r} left {count} masked positions at the end of block {b}")
     if last == total:
         return z, None
-    return z, Paused(last, total, z.clone(), generator.get_state(), sampler.state(), adapter.state(), cfg)
+    return z, Paused(last, total, z.clone(), generator.get_state(), masks.get_state(), sampler.state(),
+                     adapter.state(), cfg)
 
 
 def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len: int,

@@ -140,6 +140,7 @@ class CorrectorSampler(Sampler):
     """MDLM + the released FB or DFM corrector on the log-linear schedule (module docstring)."""
 
     names = ("mdlm-fb", "mdlm-dfm")
+    masks_only = True  # host-number rates
 
     def __init__(self, settings, mask_id: int):
         super().__init__(settings, mask_id)

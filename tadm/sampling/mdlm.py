@@ -41,6 +41,7 @@ class MDLMSampler(Sampler):
     """Ancestral MDLM steps on the log-linear schedule."""
 
     names = ("mdlm",)
+    masks_only = True  # host-number rates
 
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         alpha_t, alpha_s = self.alpha(t), self.alpha(s)

@@ -103,6 +103,7 @@ class ReMDMSampler(Sampler):
         self.strategy = settings.sampler.removeprefix("remdm-")
         self.loop = LoopSchedule(settings.t_on, settings.t_off, settings.alpha_on)
         self.conf: Tensor | None = None
+        self.masks_only = self.strategy != "conf"  # ReMDM-conf's rates read the decoded tokens' confidence
 
     def start(self, z: Tensor) -> None:
         self.conf = torch.full(z.shape, float("-inf"), dtype=self.settings.precision, device=z.device)

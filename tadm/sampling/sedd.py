@@ -45,6 +45,7 @@ class SEDDAnalyticSampler(Sampler):
     """SEDD's analytic step on the log-linear schedule = MDLM's posterior on x_theta (docstring)."""
 
     names = ("sedd-analytic",)
+    masks_only = True  # host-number rates
 
     def transition(self, z_t: Tensor, t: float, s: float, active: Tensor) -> Transition:
         alpha_t, alpha_s = self.alpha(t), self.alpha(s)

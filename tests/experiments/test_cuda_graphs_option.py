@@ -123,3 +123,41 @@ def test_an_output_kept_across_calls_is_not_overwritten_by_the_next_replay():
         second = lin(x2)
         assert torch.equal(first, kept) and not torch.equal(first, second)
         assert torch.equal(second, torch.nn.functional.linear(x2, lin.weight, lin.bias))
+
+
+def test_runtime_compile_compiles_the_sampling_blocks_on_a_gpu_from_batch_8(monkeypatch):
+    """`compiles_sampling`: runtime.compile, CUDA and sample.batch_size >= 8 (below, launches
+    bound a step and CUDA graphs are the remedy); off any of them prepare_model compiles nothing."""
+    cuda, cpu = torch.device("cuda", 0), runtime.CPU
+    for compile_, batch, device, expected in ((True, 8, cuda, True), (True, 64, cuda, True), (True, 7, cuda, False),
+                                              (False, 64, cuda, False), (True, 64, cpu, False)):
+        p = config.from_dict(micro_raw(**{"runtime.compile": compile_, "sample.batch_size": batch}))
+        assert sampling.compiles_sampling(p, device) is expected, (compile_, batch, device)
+    p = config.from_dict(micro_raw(**{"runtime.compile": True, "sample.batch_size": 64, "runtime.device": "cpu",
+                                      "runtime.precision": "fp32"}))
+    model = _model("tadm")
+    sampling.prepare_model(model, p, runtime.setup(p.runtime))
+    assert "forward" not in vars(model.denoiser_blocks[0])  # the CPU: eager
+
+
+@pytest.mark.parametrize("kind,K", [("mdlm", None), ("tadm", 2)])
+def test_compiled_sampling_blocks_give_the_eager_tokens(monkeypatch, kind, K):
+    """What prepare_model does on a GPU at batch >= 8, through torch.compile's aot_eager backend
+    (the same capture and graphs, no code generation): the same tokens at batch 8 under
+    inference mode, and a smaller last batch recompiles rather than fails."""
+    from tadm.train import trainer
+
+    settings = SamplerSettings(sampler="remdm-loop", steps=8, nucleus_p=0.9, ddpm_cache=False, seed=3, batch_size=8)
+    model = _model(kind)
+
+    def run(n):
+        with (make_adapter(model, FixedInterval(K)) if K else make_adapter(model)) as adapter:
+            return sample(adapter, settings, num_samples=n, seq_len=L).tokens
+
+    eager = run(8), run(11)
+    torch._dynamo.reset()
+    assert trainer.compile_blocks(model, backend="aot_eager")
+    try:
+        assert torch.equal(run(8), eager[0]) and torch.equal(run(11), eager[1])
+    finally:
+        torch._dynamo.reset()

@@ -22,7 +22,9 @@ from tests.sampling.conftest import TINY, V, random_model
 from tests.sampling.host_sync import count_host_syncs
 
 L, T = 16, 16
-SETUP_READS = 3  # per trajectory: alpha on the time grid, the end-of-block check; per call: the tokens to the host
+# per trajectory: alpha on the time grid, the seed of the mask generator, the end-of-block check;
+# per call: the tokens to the host
+SETUP_READS = 4
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +66,24 @@ def test_at_most_one_host_read_per_step(models, kind, refresh, sampler):
         steps = n_blocks * len(build_sampler(SamplerSettings(sampler=sampler, steps=T), V).grid(T // n_blocks))
         assert total <= steps + SETUP_READS, (extra, sites)
         assert max(per_step) <= 1, (extra, sites)  # semi-AR blocks too: the block-end checks are read at the end
+
+
+@pytest.mark.parametrize("sampler", [name for name in SAMPLER_NAMES if build_sampler(
+    SamplerSettings(sampler=name, steps=T), V).masks_only])
+@pytest.mark.parametrize("kind, refresh", [("mdlm", None), ("tadm", FixedInterval(4)), ("sedd", None)],
+                         ids=lambda c: str(c))
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_rates_from_the_masks_alone_read_once_per_plan_not_per_step(models, kind, refresh, sampler, block_size):
+    """Without ddpm_cache, a sampler whose rates are host numbers (masks_only) and a refresh
+    schedule fixed in advance: the masks of up to PLAN_STEPS steps are drawn ahead, so a block
+    of T_b steps costs ceil(T_b / PLAN_STEPS) reads, not T_b (here one per block)."""
+    from tadm.sampling.base import PLAN_STEPS
+
+    with make_adapter(models[kind], refresh) as adapter:
+        total, _, sites = reads_per_step(adapter, sampler=sampler, eta=0.05, ddpm_cache=False, block_size=block_size)
+    n_blocks = L // (block_size or L)
+    per_block = len(build_sampler(SamplerSettings(sampler=sampler, steps=T), V).grid(T // n_blocks))
+    assert total == n_blocks * -(-per_block // PLAN_STEPS) + SETUP_READS, sites
 
 
 def test_the_read_is_one_small_tensor_and_nothing_else(models):
@@ -256,3 +276,24 @@ def test_cuda_kv_cache_matches_the_full_forward_and_runs_in_bf16():
     for r in (a, b):
         assert r.tokens.shape == (2, 32) and r.tokens.device == runtime.CPU and (r.tokens < V).all()
     assert a.settings.autocast == "bf16" and a.counters.layer_tokens < b.counters.layer_tokens
+
+
+@pytest.mark.parametrize("sampler", ["mdlm", "remdm-loop", "sedd-analytic", "mdlm-dfm"])
+def test_masks_drawn_ahead_give_the_step_by_step_trajectory(models, monkeypatch, sampler):
+    """The plan draws the same uniforms from the trajectory's mask generator as one step at a
+    time would: the same tokens with PLAN_STEPS = 1, 3 and the default, with and without a
+    callback, across semi-AR blocks, and with a TADM anchor refreshed every 4 steps."""
+    import tadm.sampling.base as base
+
+    kind = "sedd" if sampler == "sedd-analytic" else "tadm"
+    out = {}
+    for plan_steps in (1, 3, base.PLAN_STEPS):
+        monkeypatch.setattr(base, "PLAN_STEPS", plan_steps)
+        for with_callback in (False, True):
+            with make_adapter(models[kind], FixedInterval(4) if kind == "tadm" else None) as adapter:
+                cfg = SamplerSettings(sampler=sampler, steps=T, nucleus_p=0.9, ddpm_cache=False, block_size=8, eta=0.05)
+                result = sample(adapter, cfg, num_samples=3, seq_len=L,
+                                callback=(lambda info: None) if with_callback else None)
+            out[plan_steps, with_callback] = result.tokens
+    first = next(iter(out.values()))
+    assert all(torch.equal(first, tokens) for tokens in out.values())

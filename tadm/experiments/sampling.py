@@ -116,9 +116,9 @@ COMPILE_MIN_BATCH = 8
 
 
 def compiles_sampling(params: Params, device) -> bool:
-    """Whether `prepare_model` compiles the blocks: runtime.compile on, a CUDA device, and
+    """Whether `prepare_model` compiles the blocks: runtime.compile on, a GPU (not the CPU), and
     sample.batch_size >= COMPILE_MIN_BATCH (elementwise work then fills half a step)."""
-    return params.runtime.compile and device.type == "cuda" \
+    return params.runtime.compile and device.type != runtime.CPU.type \
         and params.sample.batch_size >= COMPILE_MIN_BATCH
 
 

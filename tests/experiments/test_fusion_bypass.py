@@ -60,7 +60,7 @@ def test_the_bypass_is_D_of_h_by_hand_ignores_z_t_and_touches_no_weight():
 def _tokens(model, K, **kw):
     settings = SamplerSettings(sampler="remdm-loop", steps=16, ddpm_cache=False, seed=5)
     with make_adapter(model, FixedInterval(K), **kw) as adapter:
-        result = sample(adapter, settings, num_samples=3, seq_len=model.seq_len)
+        result = sample(adapter, settings, num_samples=8, seq_len=model.seq_len)
         return result.tokens, adapter.counter.as_dict(), result.refresh_steps
 
 

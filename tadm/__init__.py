@@ -6,3 +6,7 @@ samplers, anchor cache and metrics.
 """
 
 __version__ = "0.1.0"
+
+from tadm import auto as _auto  # noqa: E402  (transformers' Auto classes learn TADM's families, lazily)
+
+_auto.install()

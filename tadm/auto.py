@@ -1,0 +1,145 @@
+"""TADM:Pretraining and the Table 2 baselines through transformers' Auto classes.
+
+    import tadm
+    from transformers import AutoConfig, AutoModel
+
+    model = AutoModel.from_pretrained("models/tadm")      # the pipeline's own directory
+    logits = model(input_ids)                             # (B, L, V+1), z_t in 0..V (V = mask)
+    model.save_pretrained("out/")                         # the same two files, bit for bit
+
+Each model family (`mdlm`, `adlm`, `tadm`, `sedd`, `ar`: the model_type in a checkpoint's
+config.json) has a `PretrainedConfig` subclass and a `PreTrainedModel` subclass registered with
+`AutoConfig`, `AutoModel` and `AutoModelForMaskedLM` under that model_type, with no
+`trust_remote_code`. The model wraps the project's network (``.net``, a `tadm.models.TadmModel`);
+`from_pretrained` loads through `tadm.models.load_pretrained` (config.json bounded and checked
+against the safetensors headers, every tensor strictly) and `save_pretrained` writes the
+project's layout, so a checkpoint round-trips bit for bit and every checkpoint the pipeline ever
+wrote loads.
+
+Registration is lazy: importing transformers' Auto classes costs seconds and `import tadm` a
+millisecond, so `import tadm` installs a hook (`install`) that registers the classes right
+after ``transformers.models.auto`` is imported (or at once, when it already is).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
+
+FAMILIES = ("mdlm", "adlm", "tadm", "sedd", "ar")
+AUTO_MODULE = "transformers.models.auto.modeling_auto"  # AutoModel's module: imported by any Auto use
+_CLASSES: dict[str, tuple[type, type]] = {}
+
+
+def classes(model_type: str) -> tuple[type, type]:
+    """(config class, model class) of `model_type`, built once (this imports transformers)."""
+    if model_type not in FAMILIES:
+        raise ValueError(f"no transformers class for model_type {model_type!r}; known: {', '.join(FAMILIES)}")
+    if not _CLASSES:
+        _build()
+    return _CLASSES[model_type]
+
+
+def _build() -> None:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    from tadm import runtime
+    from tadm.config import ModelConfig
+    from tadm.models import build_model, load_pretrained
+
+    class TadmConfig(PretrainedConfig):
+        """A TADM checkpoint's config.json: model_type, vocab_size (V, the mask id), seq_len,
+        the ModelConfig fields under ``model``, format_version (read as attributes)."""
+
+    class TadmPreTrainedModel(PreTrainedModel):
+        """A `TadmModel` (``.net``) behind transformers' model interface."""
+
+        base_model_prefix = "net"
+        main_input_name = "input_ids"
+
+        def __init__(self, config, net=None):
+            super().__init__(config)
+            self.post_init()  # before the network: post_init re-initialises what is attached
+            if net is None:
+                net = build_model(config.model_type, ModelConfig(**config.model), config.vocab_size, config.seq_len)
+            self.net = net
+
+        @classmethod
+        def from_pretrained(cls, pretrained_model_name_or_path, *args, config=None, device_map=None, **kwargs):
+            """Load a local checkpoint directory strictly (tadm.models.load_pretrained); `device_map`:
+            a device for every weight (default: the CPU). Hub names: download the directory first
+            (huggingface_hub.snapshot_download) and pass its path."""
+            path = Path(pretrained_model_name_or_path)
+            if not path.is_dir():
+                raise ValueError(f"{str(path)!r} is not a local checkpoint directory (download a hub repository "
+                                 "with huggingface_hub.snapshot_download and pass its path)")
+            net = load_pretrained(path, map_location=torch.device(device_map) if device_map else runtime.CPU)
+            if config is None:
+                config = cls.config_class.from_pretrained(path)
+            if config.model_type != net.model_type:
+                raise ValueError(f"{path}: config model_type {config.model_type!r} but a {net.model_type!r} checkpoint")
+            return cls(config, net).eval()
+
+        def save_pretrained(self, save_directory, *args, **kwargs):
+            """The project's layout (config.json + model.safetensors, atomic): what
+            `from_pretrained` and `tadm.models.load_pretrained` read."""
+            return self.net.save_pretrained(save_directory)
+
+        def forward(self, input_ids, **kwargs):
+            """input_ids (B, L) in 0..V (V: the mask token; AR: 0..V-1) -> logits (B, L, V+1)
+            (AR: (B, L, V)) of the whole network: TADM with a fresh anchor on the same canvas,
+            ADLM's denoiser (its anchor's logits are internal)."""
+            out = self.net(input_ids, input_ids) if self.config.model_type == "tadm" else self.net(input_ids)
+            return out[0] if isinstance(out, tuple) else out
+
+    for model_type in FAMILIES:
+        name = model_type.upper()
+        config_cls = type(f"{name}Config", (TadmConfig,), {"model_type": model_type, "__module__": __name__})
+        model_cls = type(f"{name}Model", (TadmPreTrainedModel,), {"config_class": config_cls, "__module__": __name__})
+        _CLASSES[model_type] = config_cls, model_cls
+
+
+def register() -> None:
+    """Register every family with AutoConfig, AutoModel and AutoModelForMaskedLM (idempotent)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+
+    for model_type in FAMILIES:
+        config_cls, model_cls = classes(model_type)
+        AutoConfig.register(model_type, config_cls, exist_ok=True)
+        AutoModel.register(config_cls, model_cls, exist_ok=True)
+        AutoModelForMaskedLM.register(config_cls, model_cls, exist_ok=True)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `register` once `AUTO_MODULE` has been executed (a post-import hook)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != AUTO_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            register()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install() -> None:
+    """Have the Auto classes know TADM's families: at once when transformers' Auto module is
+    loaded, else right after it is (`import tadm` calls this)."""
+    if AUTO_MODULE in sys.modules:
+        register()
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+__all__ = ["FAMILIES", "classes", "register", "install"]

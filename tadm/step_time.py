@@ -29,7 +29,6 @@ measures training MFU and (c) sampling tokens/s, and its numbers replace these w
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from tadm import compute
@@ -125,7 +124,7 @@ def training_step(kind: str, p: Params, gpu: Gpu, code: Code = Code(), processes
         raise ValueError(f"unknown training method {kind!r}")
     m, unit = p.model, METHODS[kind]
     B, L = code.micro_batch or p.train.micro_batch, p.packing.seq_len
-    V, d, tokens = p.tokenizer.vocab_size, m.d_model, (code.micro_batch or p.train.micro_batch) * p.packing.seq_len
+    V, d, tokens = p.tokenizer.vocab_size, m.d_model, B * L
     world = processes or p.runtime.nproc
     layers = unit.layers(m)
     gemm_per_token = layers * (compute.dit_block_flops(d, L, m.mlp_ratio) - 4 * L * d)
@@ -135,13 +134,13 @@ def training_step(kind: str, p: Params, gpu: Gpu, code: Code = Code(), processes
     # the heads' rows: each readout's capacity (or the mean masked rows), AR and ADLM's anchor
     # head every row
     mean = compute.MASKED_FRACTION * tokens
-    shift = (max(p.train.refresh_choices) - 1) / min(p.train.budget_choices)
     capacity = masked_rows_capacity(B, L, EPS) if code.capacity_rows else mean
     if kind == "ar":
         rows = [tokens]
     elif kind == "adlm":
         rows = [tokens, capacity]
     elif kind == "tadm":
+        shift = unit(kind, p).stale_shift  # the staler z_t' readout's (tadm.methods.tadm)
         rows = [capacity, masked_rows_capacity(B, L, EPS, shift) if code.capacity_rows else mean]
     else:  # mdlm, sedd, tadm_gamma0 (its anchor head is not trained)
         rows = [capacity]
@@ -203,8 +202,4 @@ def sampling_step(kind: str, p: Params, gpu: Gpu, batch: int, steps: int, refres
     return StepTime(parts, flops, tokens / steps, gpu.peak_flops)
 
 
-def with_code(code: Code, **changes) -> Code:
-    return dataclasses.replace(code, **changes)
-
-
-__all__ = ["Gpu", "H100", "H200", "Code", "StepTime", "training_step", "sampling_step", "with_code"]
+__all__ = ["Gpu", "H100", "H200", "Code", "StepTime", "training_step", "sampling_step"]

@@ -84,6 +84,25 @@ def chunk_rows(n_cols: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, n_cols))
 
 
+def _piece(h: Tensor, y: Tensor, head: Callable[[Tensor], Tensor] | None,
+           row_loss: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """One chunk: row_loss(head(h), y) (h already logits when head is None)."""
+    return row_loss(h if head is None else head(h), y)
+
+
+_COMPILED: dict[str, Callable] = {}
+
+
+def compiled_piece(backend: str) -> Callable:
+    """`_piece` under torch.compile with `backend` (one compiled function per backend, shared by
+    every readout): the head's linear map, the cast, the log-softmax, the target's gather and
+    their backward as one graph per chunk shape. The readouts' gathers have fixed sizes, so a run
+    sees a few chunk shapes (a full chunk and each readout's last one), each compiled once."""
+    if backend not in _COMPILED:
+        _COMPILED[backend] = torch.compile(_piece, backend=backend, fullgraph=True, dynamic=False)
+    return _COMPILED[backend]
+
+
 def row_losses(
     h_rows: Tensor,
     targets: Tensor,
@@ -91,6 +110,7 @@ def row_losses(
     row_loss: Callable[[Tensor, Tensor], Tensor],
     n_cols: int,
     checkpoint: bool = True,
+    compile: str | None = None,
 ) -> Tensor:
     """row_loss(head(h_rows), targets) -> (N,), computed chunk_rows(n_cols) rows at a time.
 
@@ -103,16 +123,15 @@ def row_losses(
     autograd graph and each parameter's gradient is accumulated once (what DDP's hooks expect).
     The chunks are one `split` (its backward concatenates the chunks' gradients once, no
     per-chunk full-size zeros), and there is always at least one chunk, possibly empty, so the
-    head is in the graph even when no row scores.
+    head is in the graph even when no row scores. `compile` (a torch.compile backend, or None):
+    each chunk runs `compiled_piece(compile)` instead of the eager ops.
     """
-
-    def piece(h: Tensor, y: Tensor) -> Tensor:
-        return row_loss(h if head is None else head(h), y)
-
+    piece = _piece if compile is None else compiled_piece(compile)
     chunk = chunk_rows(n_cols)
     record = checkpoint and torch.is_grad_enabled() and h_rows.shape[0] * n_cols >= CHECKPOINT_MIN_ELEMENTS
     out = [
-        _checkpoint(piece, h, y, use_reentrant=False, preserve_rng_state=False) if record else piece(h, y)
+        _checkpoint(piece, h, y, head, row_loss, use_reentrant=False, preserve_rng_state=False) if record
+        else piece(h, y, head, row_loss)
         for h, y in zip(h_rows.split(chunk), targets.split(chunk))
     ]
     return out[0] if len(out) == 1 else torch.cat(out)
@@ -139,13 +158,14 @@ class Readout:
     """
 
     def __init__(self, rows: Tensor, targets: Tensor, row_loss: Callable[[Tensor, Tensor], Tensor],
-                 n_cols: int, checkpoint: bool = True, capacity: int | None = None):
+                 n_cols: int, checkpoint: bool = True, capacity: int | None = None, compile: str | None = None):
         if capacity is not None and capacity < 1:
             raise ValueError(f"readout capacity must be a positive number of rows, got {capacity}")
         self.rows = rows  # bool (B, L)
         self.row_loss = row_loss
         self.n_cols = n_cols
         self.checkpoint = checkpoint
+        self.compile = compile  # the chunks' torch.compile backend (`row_losses`); None: eager
         flat = rows.reshape(-1)
         if capacity is None or capacity >= flat.numel():  # every row: no gather, no overflow
             self.index, self.excess, self.capacity = None, None, flat.numel()
@@ -165,7 +185,7 @@ class Readout:
             raise ValueError(f"readout over rows {tuple(self.rows.shape)} got states of shape {tuple(h.shape)}")
         flat = h.reshape(-1, *h.shape[2:])
         picked = flat if self.index is None else flat.index_select(0, self.index)
-        values = row_losses(picked, self.targets, head, self.row_loss, self.n_cols, self.checkpoint)
+        values = row_losses(picked, self.targets, head, self.row_loss, self.n_cols, self.checkpoint, self.compile)
         values = torch.where(self.scored, values, values.new_zeros(()))
         if self.index is not None:  # back to the rows' positions
             values = values.new_zeros(flat.shape[0]).index_copy(0, self.index, values)
@@ -182,13 +202,13 @@ def _subs_cross_entropy(logits: Tensor, target: Tensor, mask_id: int, dtype: tor
 
 
 def subs_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32,
-                 checkpoint: bool = True, capacity: int | None = None) -> Readout:
+                 checkpoint: bool = True, capacity: int | None = None, compile: str | None = None) -> Readout:
     """-sum_l [z_t^l = m] log x_theta^l[x^l] per sequence: the rows masked in z_t (under SUBS
     every other row is a point mass on its own token, log-prob 0), targets x, at most
     `capacity` of them gathered (`Readout`). Also the anchor cross-entropy's rows when given
     z_t' (TADM)."""
     return Readout(z_t == mask_id, x, functools.partial(_subs_cross_entropy, mask_id=mask_id, dtype=dtype),
-                   mask_id + 1, checkpoint, capacity)
+                   mask_id + 1, checkpoint, capacity, compile)
 
 
 def nelbo_from_rows(ce_sum: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:
@@ -350,12 +370,12 @@ def adlm_anchor_loss(
 
 
 def adlm_anchor_readout(z_t: Tensor, x: Tensor, mask_id: int, max_count: int = 5,
-                        dtype: torch.dtype = torch.float32) -> Readout:
+                        dtype: torch.dtype = torch.float32, compile: str | None = None) -> Readout:
     """`adlm_anchor_loss`'s rows (every position whose token x^l is important, plain
     cross-entropy over the whole row) as a readout of the anchor logits (head None); weight
     the sum with :func:`nelbo_from_rows` at t. `z_t` is unused (see `adlm_anchor_loss`)."""
     rows = important_token_mask(x, max_count, mask_id + 1)
-    return Readout(rows, x, functools.partial(_ar_cross_entropy, dtype=dtype), mask_id + 1)
+    return Readout(rows, x, functools.partial(_ar_cross_entropy, dtype=dtype), mask_id + 1, compile=compile)
 
 
 # --------------------------------------------------------------------------- SEDD
@@ -420,12 +440,12 @@ def _sedd_bracket(logits: Tensor, target: Tensor, mask_id: int, dtype: torch.dty
 
 
 def sedd_readout(z_t: Tensor, x: Tensor, mask_id: int, dtype: torch.dtype = torch.float32,
-                 checkpoint: bool = True, capacity: int | None = None) -> Readout:
+                 checkpoint: bool = True, capacity: int | None = None, compile: str | None = None) -> Readout:
     """The score entropy reads masked positions only (an unmasked one contributes 0): the
     rows masked in z_t (at most `capacity` gathered), targets x, per-row bracket
     sum_y exp(l_y) - l_x - 1."""
     return Readout(z_t == mask_id, x, functools.partial(_sedd_bracket, mask_id=mask_id, dtype=dtype), mask_id + 1,
-                   checkpoint, capacity)
+                   checkpoint, capacity, compile)
 
 
 def sedd_score_entropy_rows(bracket_sum: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:

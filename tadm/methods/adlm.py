@@ -31,7 +31,7 @@ class ADLMMethod(AnchoredMethod):
     def loss(self, model, x, gen, progress=1.0):
         nelbo, anchor_logits, z_t, t = self._terms(model, x, gen)
         gamma = min(self.p.train.gamma, ADLM_RAMP_SLOPE * progress)
-        anchor_ce = adlm_anchor_readout(z_t, x, self.mask_id)(anchor_logits)
+        anchor_ce = adlm_anchor_readout(z_t, x, self.mask_id, compile=self.compile_heads)(anchor_logits)
         return nelbo + gamma * nelbo_from_rows(anchor_ce, t, self.schedule)
 
     def nelbo(self, model, x, gen):

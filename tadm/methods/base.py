@@ -89,6 +89,9 @@ class Method:
         # the readouts' head chunks under activation checkpointing (tadm.losses.row_losses); the
         # trainer sets False when the memory estimate with every logit kept fits the machine
         self.checkpoint_heads = True
+        # the readouts' chunks (head + loss) under torch.compile with this backend; the trainer
+        # sets its backend under runtime.compile (tadm.losses.compiled_piece); None: eager
+        self.compile_heads: str | None = None
         self._excess: torch.Tensor | None = None  # rows past a readout's capacity, on the device
 
     @property
@@ -112,7 +115,7 @@ class Method:
         `take_excess`."""
         B, L = z.shape
         r = build(z, x, self.mask_id, checkpoint=self.checkpoint_heads,
-                  capacity=masked_rows_capacity(B, L, EPS, shift))
+                  capacity=masked_rows_capacity(B, L, EPS, shift), compile=self.compile_heads)
         if r.excess is not None:
             self._excess = r.excess if self._excess is None else torch.maximum(self._excess, r.excess)
         return r

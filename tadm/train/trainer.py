@@ -387,6 +387,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
     `checkpoint_heads`: the memory check's answer, Method.checkpoint_heads)."""
     method = get_method(name, p)
     method.checkpoint_heads = checkpoint_heads
+    method.compile_heads = COMPILE_BACKEND if p.runtime.compile else None  # each readout chunk compiled
     n_micro = p.train.global_batch // p.train.micro_batch
     if n_micro % d.world:
         raise ConfigError("train.global_batch", f"global_batch/micro_batch = {n_micro} micro-batches must divide among {d.world} processes")

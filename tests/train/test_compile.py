@@ -167,3 +167,49 @@ def test_wrap_compiles_blocks_in_place_and_other_modules_whole(fresh_dynamo, mon
     ddp, net = trainer.wrap(other, d, compile=True)
     assert ddp is other and isinstance(net, torch._dynamo.eval_frame.OptimizedModule)
     assert trainer.wrap(other, d, compile=False)[1] is other
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize("kind", ["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd"])
+def test_compiled_readout_chunks_match_eager_and_stop_compiling(kind, checkpointed, fresh_dynamo, monkeypatch):
+    """Method.compile_heads (the trainer sets it under runtime.compile): each readout chunk --
+    head, cast, loss -- runs one compiled graph. The loss and every gradient equal the eager
+    ones (aot_eager: the same ops), there is no graph break, and nothing compiles after the first
+    step and validation: the fixed-capacity gathers give a few chunk shapes, not one per step."""
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 5 * 513)  # several chunks and a shorter last one
+    monkeypatch.setattr(losses, "CHECKPOINT_MIN_ELEMENTS", 1 if checkpointed else 1 << 40)
+    p = config.from_dict(micro_raw())
+    method = get_method(kind, p)
+    method.checkpoint_heads = checkpointed
+    torch.manual_seed(0)
+    model = method.build_model(512, 32)
+    for q in model.parameters():  # a fresh DiT has zero heads: make every gradient non-trivial
+        torch.nn.init.normal_(q, std=0.05)
+    x = torch.randint(0, 512, (16, 32), generator=torch.Generator().manual_seed(0))
+
+    def step(i: int, compile_heads):
+        method.compile_heads = compile_heads
+        model.zero_grad(set_to_none=True)
+        loss = method.loss(model, x, torch.Generator().manual_seed(i), progress=0.5).float().sum() / x.numel()
+        loss.backward()
+        return loss.detach(), {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+
+    backend = CountingBackend()
+    eager, compiled = step(0, None), step(0, backend)
+    assert backend.compiles >= 1 and _breaks() == 0
+    assert torch.allclose(compiled[0], eager[0], rtol=1e-6, atol=1e-7)
+    assert compiled[1].keys() == eager[1].keys()
+    for name in eager[1]:
+        assert torch.allclose(compiled[1][name], eager[1][name], rtol=1e-5, atol=1e-7), name
+    model.eval()
+    with torch.no_grad():
+        method.nelbo(model, x, torch.Generator().manual_seed(0))
+    model.train()
+    warm = backend.compiles
+    for i in range(1, 4):
+        step(i, backend)
+    model.eval()
+    with torch.no_grad():
+        method.nelbo(model, x, torch.Generator().manual_seed(1))
+    assert backend.compiles == warm and _breaks() == 0
+    assert warm <= 6, warm  # full and last chunk per readout, training and validation

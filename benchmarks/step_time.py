@@ -1,7 +1,7 @@
 """Projected training MFU and sampling tokens/s at the paper profile on an H100 and an H200,
 from the step-time model `tadm.step_time` (its assumptions are in its docstring): what the
-code does today against the code before the first-GPU-day changes and against two changes not
-built yet (a fused bf16 head + cross-entropy kernel, a bf16 residual stream).
+code does today (compiled readout chunks, the residual stream as train.residual says) against
+the code before the first-GPU-day changes, and with the bf16 residual stream train.residual offers.
 
     python benchmarks/step_time.py            # prints the tables, writes benchmarks/results/step_time.md
     python benchmarks/step_time.py --check    # exit 1 if the results file differs from a fresh render
@@ -26,13 +26,13 @@ from tadm.step_time import H100, H200, Code, sampling_step, training_step  # noq
 RESULTS = ROOT / "benchmarks" / "results" / "step_time.md"
 NOW = Code()
 TRAINING = [  # (label, code)
-    ("before: boolean-mask gathers (3 host syncs per micro-batch), heads checkpointed",
-     Code(host_syncs=3, capacity_rows=False, kept_logits=False)),
+    ("before: boolean-mask gathers (3 host syncs per micro-batch), heads checkpointed, eager readout",
+     Code(host_syncs=3, capacity_rows=False, kept_logits=False, compiled_head=False)),
     ("before, blocks eager (runtime.compile off)",
-     Code(host_syncs=3, capacity_rows=False, kept_logits=False, compiled_blocks=False)),
-    ("now: fixed-capacity gathers (no sync), heads kept", NOW),
-    ("now + fused bf16 head and cross-entropy (not built)", dataclasses.replace(NOW, fused_head=True)),
-    ("now + fused head + bf16 residual stream (not built)", dataclasses.replace(NOW, fused_head=True, residual_bytes=2)),
+     Code(host_syncs=3, capacity_rows=False, kept_logits=False, compiled_head=False, compiled_blocks=False)),
+    ("fixed-capacity gathers (no sync), heads kept, eager readout", Code(compiled_head=False)),
+    ("now: + compiled readout chunks (head + cross-entropy), train.residual fp32 (the paper profile)", NOW),
+    ("now, train.residual bf16 (a bf16 residual stream)", dataclasses.replace(NOW, residual_bytes=2)),
 ]
 SAMPLING = [
     ("before: a host read every step, eager", Code(sampling_plan=False, compiled_blocks=False)),

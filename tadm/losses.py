@@ -168,10 +168,9 @@ class Readout:
         self.compile = compile  # the chunks' torch.compile backend (`row_losses`); None: eager
         flat = rows.reshape(-1)
         if capacity is None or capacity >= flat.numel():  # every row: no gather, no overflow
-            self.index, self.excess, self.capacity = None, None, flat.numel()
+            self.index, self.excess = None, None
             self.scored, self.targets = flat, targets.reshape(-1)
         else:
-            self.capacity = capacity
             # the scored rows first, each group in position order: the first N entries are the
             # rows a boolean mask would select, in its order
             self.index = torch.argsort(flat, descending=True, stable=True)[:capacity]  # (C,)

@@ -65,8 +65,10 @@ class Code:
     host_syncs: int = 0  # per training micro-batch (boolean-mask gathers, pageable copies: 3 before)
     capacity_rows: bool = True  # readouts gather a fixed capacity (False: exactly the masked rows)
     kept_logits: bool = True  # heads' logits kept for backward (False: checkpointed, recomputed)
-    fused_head: bool = False  # one fused bf16 linear + cross-entropy kernel per chunk (not built)
-    residual_bytes: int = 4  # the residual stream's element size (fp32 today; 2 = bf16)
+    # runtime.compile compiles each readout chunk (head, cast, cross-entropy and their backward:
+    # Method.compile_heads): the cast and log-softmax fuse into one reduction over bf16 logits
+    compiled_head: bool = True
+    residual_bytes: int | None = None  # the residual stream's element size; None: train.residual's (sampling: 4)
     micro_batch: int | None = None  # None: train.micro_batch
     sampling_plan: bool = True  # sampling: no host read per step (masks drawn ahead)
     cuda_graphs: bool = False  # sampling: the blocks replayed from CUDA graphs
@@ -79,9 +81,10 @@ EAGER_UNITS, COMPILED_UNITS = 44, 20
 BACKWARD_FACTOR = 2  # backward's elementwise traffic, in forwards
 ATTENTION_BACKWARD = 2.5  # flash attention's backward, in forwards of FLOPs
 # bytes per logit of one head's cross-entropy, forward + backward: eager (bf16 logits written,
-# cast to fp32, log-softmax, its gradient, cast back) against a fused kernel (logits and their
-# gradient once each in bf16, read once each)
-CE_BYTES_EAGER, CE_BYTES_FUSED = 30, 8
+# cast to fp32, log-softmax, its gradient, cast back) against a compiled chunk (the GEMM writes
+# bf16 logits; one fused reduction reads them; backward reads them once and writes the bf16
+# gradient the GEMMs read)
+CE_BYTES_EAGER, CE_BYTES_COMPILED = 30, 8
 OPTIMIZER_BYTES = 44  # per parameter and step: fused AdamW (28) + the fp32 EMA (12) + zeroing (4)
 ALLREDUCE_HIDDEN = 0.8  # share of the gradient all-reduce overlapped with backward (DDP buckets)
 # sampling: eager ops per DiT block forward, and per step of the loop around the network
@@ -146,9 +149,10 @@ def training_step(kind: str, p: Params, gpu: Gpu, code: Code = Code(), processes
         rows = [capacity]
     head_rows = sum(rows)
     head_flops = head_rows * compute.lm_head_flops(d, V + 1)
-    passes = compute.TRAIN_FORWARD_BACKWARD + (0 if code.kept_logits or code.fused_head else 1)
-    elementwise_bytes = layers * _block_units(code) * (1 + BACKWARD_FACTOR) * tokens * d * (code.residual_bytes + 2) / 2
-    ce_bytes = head_rows * (V + 1) * (CE_BYTES_FUSED if code.fused_head else CE_BYTES_EAGER)
+    passes = compute.TRAIN_FORWARD_BACKWARD + (0 if code.kept_logits else 1)
+    residual = code.residual_bytes or (2 if p.train.residual == "bf16" else 4)
+    elementwise_bytes = layers * _block_units(code) * (1 + BACKWARD_FACTOR) * tokens * d * (residual + 2) / 2
+    ce_bytes = head_rows * (V + 1) * (CE_BYTES_COMPILED if code.compiled_head else CE_BYTES_EAGER)
     params = unit.parameters(kind, m, V)
     micro_per_process = max(1, p.train.global_batch // (B * world))
     allreduce = 2 * (world - 1) / world * 4 * params / gpu.link_bytes_per_s if world > 1 else 0.0
@@ -188,7 +192,7 @@ def sampling_step(kind: str, p: Params, gpu: Gpu, batch: int, steps: int, refres
     block = compute.dit_block_flops(d, L, m.mlp_ratio)
     gemm = layers * (block - 4 * L * d) * tokens + extra * tokens + decoded * compute.lm_head_flops(d, V + 1)
     attention = layers * 4 * L * d * tokens
-    elementwise = layers * _block_units(code) * tokens * d * (code.residual_bytes + 2) / 2 \
+    elementwise = layers * _block_units(code) * tokens * d * ((code.residual_bytes or 4) + 2) / 2 \
         + decoded * (V + 1) * 8 * NUCLEUS_PASSES
     device = gemm / (gpu.peak_flops * gpu.gemm_efficiency) + attention / (gpu.peak_flops * gpu.attention_efficiency) \
         + elementwise / (gpu.hbm_bytes_per_s * gpu.elementwise_efficiency)

@@ -13,7 +13,7 @@ import pytest
 from tadm import compute, config
 from tadm.forward_process import masked_rows_capacity
 from tadm.step_time import (
-    CE_BYTES_EAGER, CE_BYTES_FUSED, H100, H200, Code, sampling_step, training_step,
+    CE_BYTES_EAGER, CE_BYTES_COMPILED, H100, H200, Code, sampling_step, training_step,
 )
 from tadm.config import ROOT
 
@@ -44,15 +44,18 @@ def test_each_switch_moves_its_own_part(paper):
     assert math.isclose(now.parts["LM heads (GEMMs)"] / exact.parts["LM heads (GEMMs)"], ratio)
     checkpointed = training_step("mdlm", paper, H100, Code(kept_logits=False))
     assert math.isclose(checkpointed.parts["LM heads (GEMMs)"] / now.parts["LM heads (GEMMs)"], 4 / 3)
-    fused = training_step("mdlm", paper, H100, Code(fused_head=True))
-    assert math.isclose(fused.parts["cross-entropy (elementwise)"] / now.parts["cross-entropy (elementwise)"],
-                        CE_BYTES_FUSED / CE_BYTES_EAGER)
+    eager_head = training_step("mdlm", paper, H100, Code(compiled_head=False))
+    assert math.isclose(now.parts["cross-entropy (elementwise)"] / eager_head.parts["cross-entropy (elementwise)"],
+                        CE_BYTES_COMPILED / CE_BYTES_EAGER)
     synced = training_step("mdlm", paper, H100, Code(host_syncs=3))
     assert synced.parts["host syncs"] == 3 * H100.sync_seconds and now.parts["host syncs"] == 0
     eager = training_step("mdlm", paper, H100, Code(compiled_blocks=False))
     assert eager.parts["elementwise (blocks)"] > now.parts["elementwise (blocks)"]
     bf16 = training_step("mdlm", paper, H100, Code(residual_bytes=2))
     assert math.isclose(bf16.parts["elementwise (blocks)"] / now.parts["elementwise (blocks)"], 4 / 6)
+    # the residual's size follows train.residual unless the code says otherwise
+    asked = dataclasses.replace(paper, train=dataclasses.replace(paper.train, residual="bf16"))
+    assert training_step("mdlm", asked, H100).parts == bf16.parts
     # only memory-bound parts depend on HBM bandwidth
     h200 = training_step("mdlm", paper, H200)
     assert h200.parts["GEMMs (blocks, fusion)"] == now.parts["GEMMs (blocks, fusion)"]

@@ -267,6 +267,8 @@ class _CROSS_CHECKS:
     def TrainConfig(c: TrainConfig, p: str, src: str) -> None:
         if c.global_batch % c.micro_batch:
             raise ConfigError(f"{p}.global_batch", f"must be a multiple of micro_batch ({c.micro_batch}), got {c.global_batch}", src)
+        if c.residual == "bf16" and c.precision != "bf16":
+            raise ConfigError(f"{p}.residual", f"bf16 needs train.precision bf16 (the stream is kept in autocast's dtype), got precision {c.precision}", src)
         _refuse_first([r for r in c.replicate_models if r not in c.models], f"{p}.replicate_models",
                       lambda r: f"{r!r} is not in train.models ({c.models})", src)
 

@@ -44,6 +44,10 @@ class TrainConfig:
     grad_clip: float = spec(1.0, gt=0.0)
     ema: float = spec(0.9999, ge=0.0, lt=1.0)
     precision: Literal["fp32", "bf16"] = "bf16"
+    # the DiT blocks' residual stream under bf16 autocast: fp32 (MDLM's released training, whose
+    # autocast promotes each residual add to fp32) or bf16 (Megatron-LM's default without
+    # --fp32-residual-connection: half the blocks' elementwise traffic; needs precision bf16)
+    residual: Literal["fp32", "bf16"] = "fp32"
     gamma: float = spec(3.0e-3, ge=0.0)  # weight of TADM's anchor cross-entropy
     refresh_choices: list[int] = spec([1, 2, 4, 8], nonempty=True, unique=True, ge=1)  # K ~ U{...}
     budget_choices: list[int] = spec([128, 256, 512, 1024, 2048, 4096], nonempty=True, unique=True, ge=1)

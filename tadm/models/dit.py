@@ -220,6 +220,11 @@ class DiTStack(nn.ModuleList):
     A ModuleList, so parameters are named ``<stack>.<i>.attn.qkv.weight`` etc.
     """
 
+    # train.residual bf16 (set by the trainer, not saved with the model): under autocast the
+    # stream enters the blocks in autocast's dtype, so every residual add stays in it; False (the
+    # default), an fp32 input stays fp32 (autocast promotes bf16 + fp32 adds to fp32)
+    autocast_residual: bool = False
+
     def __init__(self, n_layers: int, d_model: int, n_heads: int, mlp_ratio: int = 4,
                  cond_dim: int = COND_DIM, dropout: float = 0.0, causal: bool = False, gelu: str = "tanh"):
         super().__init__(DiTBlock(d_model, n_heads, mlp_ratio, cond_dim, dropout, causal, gelu) for _ in range(n_layers))
@@ -233,9 +238,19 @@ class DiTStack(nn.ModuleList):
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         rope = self.rope(x.shape[1], x.device)
+        if self.autocast_residual and torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         for block in self:
             x = block(x, c, rope)
         return x
+
+
+def set_autocast_residual(model: nn.Module, on: bool) -> None:
+    """train.residual: keep the residual stream of every DiT stack in `model` in autocast's dtype
+    (True) or as its input comes (False)."""
+    for m in model.modules():
+        if isinstance(m, DiTStack):
+            m.autocast_residual = on
 
 
 _ROPE_TABLES: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}

@@ -22,8 +22,9 @@ warm-up, so a finished run extended to more steps continues exactly as a longer 
 Speed on a GPU: each step's tokens in pinned memory, copied without blocking while the step
 before computes (:func:`step_tokens`); AdamW's fused kernel, a multi-tensor EMA update, one host sync per logged step
 (the loss is accumulated on the device), ``runtime.compile`` -> ``torch.compile`` of each
-transformer block and TADM's fusion (:func:`compile_blocks`; the masked-row readout and the
-heads stay eager), bf16 autocast (``train.precision``). The CPU path keeps torch's default
+transformer block and TADM's fusion (:func:`compile_blocks`) and of each readout chunk (head,
+cast, cross-entropy and their backward: ``Method.compile_heads``), bf16 autocast
+(``train.precision``) with the residual stream in fp32 or bf16 (``train.residual``). The CPU path keeps torch's default
 AdamW so that CPU trajectories do not depend on these.
 """
 
@@ -49,7 +50,9 @@ from tadm.errors import ConfigError, TadmError
 from tadm.io import read_manifest, atomic_write_json, atomic_write_text, require_writable, sha256_file
 from tadm.runtime import Dist, all_mean  # noqa: F401 - Dist / all_mean: importable from here as before
 from tadm.train import checkpoint
+from tadm.train.card import CARD_FILE, model_card
 from tadm.methods import Method, get_method
+from tadm.models.dit import set_autocast_residual
 from tadm.train.divergence import FiniteWatch, check_excess, check_value
 
 
@@ -399,6 +402,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
     torch.manual_seed(_seed(p.seed, 0x1417))  # identical initial weights on every rank
     with torch.device(d.device):  # built where it trains (no tensor left on the default device)
         model = method.build_model(vocab, seq_len)
+    set_autocast_residual(model, p.train.residual == "bf16")
     names = [n for n, _ in model.named_parameters()]
     opt = adamw(model.parameters(), d.device, lr=p.train.lr, betas=tuple(p.train.betas), eps=p.train.eps,
                 weight_decay=p.train.weight_decay)
@@ -508,6 +512,7 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
             "train_tokens_per_s": sorted(speeds)[len(speeds) // 2] if speeds else None,
         }
         atomic_write_json(paths.metrics.with_suffix(".json"), summary)
+        atomic_write_text(paths.model / CARD_FILE, model_card(summary, p, method, meta))
         _write_rows(paths.metrics.with_suffix(".csv"), history)
         _write_rows(paths.metrics.with_name(paths.metrics.name + "_eval.csv"), evals)
     runtime.barrier(d)

@@ -50,7 +50,7 @@ def test_global_batches_cover_each_epoch_once():
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_every_method_trains_and_saves_a_loadable_model(run, micro_packed, tmp_path):
+def test_every_method_trains_and_saves_a_loadable_model(run, micro_packed, tmp_path, monkeypatch):
     p = config.from_dict(micro_raw(**{"train.steps": 4, "train.eval_every": 4, "train.checkpoint_every": 2}))
     summary = train(run, p, data_dir=micro_packed, root=tmp_path, log=lambda *_: None)
     assert summary["steps"] == 4 and torch.isfinite(torch.tensor(summary["val_nelbo"]))
@@ -58,6 +58,15 @@ def test_every_method_trains_and_saves_a_loadable_model(run, micro_packed, tmp_p
     rows = list(csv.DictReader(open(tmp_path / "metrics/train" / f"{run}_eval.csv")))
     assert [int(r["step"]) for r in rows] == [0, 4]
     model = load_pretrained(tmp_path / "models" / run)
+    # the model card: the run's numbers, and its example loads the directory through AutoModel and samples
+    card = (tmp_path / "models" / run / "README.md").read_text()
+    assert f"{summary['val_nelbo']:.4f} nats/token" in card and "| profile | `micro`" in card
+    assert f"{summary['steps']:,} steps" in card and ("FixedInterval(4)" in card) == run.startswith("tadm")
+    monkeypatch.chdir(tmp_path / "models" / run)
+    scope: dict = {}
+    exec(card.split("```python\n")[1].split("```")[0], scope)
+    assert scope["result"].tokens.shape == (4, model.seq_len)
+    assert isinstance(scope["model"].net, type(model))
     assert model.model_type == ("tadm" if run.startswith("tadm") else run)
     if run == "tadm_gamma0":  # gamma = 0: the anchor head never moves from its initialisation
         ck = load_file(str(tmp_path / "checkpoints/tadm_gamma0/step_000004/model.safetensors"))

@@ -72,7 +72,7 @@ def model_card(summary: dict, p: Params, method: Method, counts: dict) -> str:
                                      "shared network, fusion and denoiser every step)"))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     tags = ["diffusion-language-model"] if method.masked else ["autoregressive-language-model"]
-    return (f"---\nlibrary_name: tadm\ntags:\n" + "".join(f"- {t}\n" for t in tags + [family]) + "---\n\n"
+    return ("---\nlibrary_name: tadm\ntags:\n" + "".join(f"- {t}\n" for t in tags + [family]) + "---\n\n"
             f"# {run}\n\n"
             f"{FAMILY.get(family, family)}, trained by the TADM reference implementation's pipeline "
             f"(`dvc repro`, stage `train`, run `{run}`). Weights: model.safetensors; "

@@ -1,0 +1,60 @@
+"""lm-evaluation-harness for TADM: Table 1's rows as the harness model ``tadm`` and Table 1's
+tasks as harness tasks (docs/harness.md).
+
+    python -m tadm.harness --model tadm --model_args row=tadm,K=2 --tasks tadm_arithmetic --limit 16
+
+``python -m tadm.harness`` is the harness's own command line (``lm_eval``: the same flags) with
+the ``tadm`` model registered (`tadm.harness.model`) and this package's tasks on the task path
+(``tasks/``: ``tadm_arithmetic``) unless ``--include_path`` names another directory. lm-eval
+0.4.13 finds third-party models only where they are imported, hence the launcher;
+``lm_eval.simple_evaluate(model="tadm", ...)`` works after ``import tadm.harness.model``.
+
+Refused, in one line: ``--confirm_run_unsafe_code`` (the harness's code tasks execute generated
+code on the host; this project runs generated code only inside `tadm.tasks.sandbox`, as Table 1
+does for HumanEval and LiveCodeBench).
+
+Nothing here is imported by ``import tadm``; lm-eval is pinned in requirements/lock.txt.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+PROG = "python -m tadm.harness"
+
+
+def harness_argv(argv: list[str]) -> list[str]:
+    """The harness's arguments for `argv`: this package's tasks on the task path unless
+    ``--include_path`` is given. Refuses ``--confirm_run_unsafe_code`` (module docstring)."""
+    from tadm.errors import ConfigError
+
+    if any(a == "--confirm_run_unsafe_code" or a.startswith("--confirm_run_unsafe_code=") for a in argv):
+        raise ConfigError("--confirm_run_unsafe_code", "refused: the harness would run generated code on the host "
+                          "unsandboxed; Table 1 scores HumanEval and LiveCodeBench inside tadm.tasks.sandbox "
+                          "(python -m tadm table1)")
+    if not any(a == "--include_path" or a.startswith("--include_path=") for a in argv):
+        argv = [*argv, "--include_path", str(TASKS_DIR)]
+    return argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tadm.harness ARGS``: lm-eval's command line with the tadm model and tasks."""
+    from tadm.errors import TadmError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = harness_argv(argv)
+        import tadm.harness.model  # noqa: F401  (registers the model "tadm")
+        from lm_eval.__main__ import cli_evaluate
+
+        sys.argv = [PROG, *args]
+        cli_evaluate()
+    except TadmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+__all__ = ["TASKS_DIR", "harness_argv", "main"]

@@ -1,0 +1,246 @@
+"""lm-evaluation-harness's model ``tadm``: Table 1's rows on the harness.
+
+    python -m tadm.harness --model tadm --model_args row=tadm,K=2 --tasks tadm_arithmetic
+
+A row is Table 1's (`tadm.experiments.table1`): ``base`` (the frozen DiffusionGemma's own
+``generate``), ``tadm`` (TADM:Post-train, the anchor refreshed every ``K`` steps), ``control``
+(the fresh-anchor control, K = 1) or a training-free cache of `tadm.registry.DG_CACHES`
+(``naive``, ``feature``; K >= 2). The models load as Table 1 loads them (``params``: the params
+file, ``root``: the directory holding models/), generate with the paper's sampler at
+posttrain.sample_steps (entropy-bound acceptance, the temperature schedule; a task's
+``do_sample`` / ``temperature`` do not change it), each prompt one no-think chat turn (so
+``--apply_chat_template`` is refused: the turn is already applied). ``max_gen_toks`` is the
+generated length (DiffusionGemma rounds it up to whole canvases); the completion ends at the
+first EOS and is cut at the task's ``until`` strings.
+
+Batches (``--batch_size N``): prompts are left-padded with an attention mask, and every prompt
+draws its randomness from its own stream, seeded by (``seed``, the task, the document), so a
+document's completion is the same in any batch and at any batch size (:func:`row_streams`).
+
+Speed is counted as Table 1 counts it (:func:`tadm.experiments.table1.throughput`): generated
+canvas positions only (not prompt tokens), over the median wall time of the full batches; the
+harness's results carry it under ``config`` (``generated_tokens_per_s``), per generated length.
+
+``loglikelihood`` and ``loglikelihood_rolling`` are refused (one line): DiffusionGemma is a
+uniform-state block diffusion model, and no likelihood estimate of it is implemented here, so
+multiple-choice-by-likelihood tasks do not run; the generative variants do (docs/harness.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from tadm import config, runtime
+from tadm.errors import ConfigError, TadmError
+from tadm.registry import DG_CACHES
+
+MODEL_NAME = "tadm"
+FIXED_ROWS = ("base", "tadm", "control")
+
+
+class HarnessRefused(TadmError):
+    """A request the harness model does not serve (one line, exit 2)."""
+
+
+def rows() -> tuple[str, ...]:
+    return FIXED_ROWS + tuple(DG_CACHES.names())
+
+
+def request_seed(seed: int, task: str, doc_id: int) -> int:
+    """The random stream of one document of one task: a stable 63-bit hash of (seed, task, doc)."""
+    digest = hashlib.sha256(f"{seed}:{task}:{doc_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@contextlib.contextmanager
+def row_streams(generators: list[torch.Generator]):
+    """Inside, row b of a batch of B = len(generators) draws from ``generators[b]``: the
+    ``torch.randint(size=(B, ...))`` and ``torch.multinomial`` over B row groups that
+    DiffusionGemma's ``generate`` (transformers) makes without a generator -- the canvas's noise,
+    its renoising and the token draws. So a row's tokens do not depend on the other rows of the
+    batch or on the batch size. Calls with another shape, or their own generator, are untouched.
+    (transformers' loop takes no generator: the two functions are replaced on the torch module
+    for the duration, in this single-process evaluation.)"""
+    B = len(generators)
+    randint, multinomial = torch.randint, torch.multinomial
+
+    def per_row_randint(*args, **kw):
+        size = kw.get("size")
+        if args or size is None or kw.get("generator") is not None or len(size) < 1 or size[0] != B:
+            return randint(*args, **kw)
+        rest = {k: v for k, v in kw.items() if k not in ("size", "low", "high")}
+        return torch.cat([randint(kw.get("low", 0), kw["high"], (1, *size[1:]), generator=g, **rest)
+                          for g in generators])
+
+    def per_row_multinomial(x, num_samples, replacement=False, *, generator=None, **kw):
+        if generator is not None or x.dim() != 2 or x.shape[0] % B:
+            return multinomial(x, num_samples, replacement, generator=generator, **kw)
+        return torch.cat([multinomial(part, num_samples, replacement, generator=g)
+                          for part, g in zip(x.chunk(B), generators)])
+
+    torch.randint, torch.multinomial = per_row_randint, per_row_multinomial
+    try:
+        yield
+    finally:
+        torch.randint, torch.multinomial = randint, multinomial
+
+
+def _batch_size(value) -> int:
+    if isinstance(value, str) and value.startswith("auto"):
+        raise ConfigError("batch_size", "'auto' is not supported by the tadm harness model: give a number")
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError("batch_size", f"must be a positive integer, got {value!r}") from None
+    if size < 1:
+        raise ConfigError("batch_size", f"must be a positive integer, got {size}")
+    return size
+
+
+@register_model(MODEL_NAME)
+class TadmLM(LM):
+    """One row of Table 1 as a harness model (module docstring). ``model_args``: row, K,
+    params (default params.yaml), root (default .), seed (default posttrain.seed); the harness's
+    ``--device`` (its default cuda:0: pass ``--device cpu`` on a machine without CUDA) and
+    ``--batch_size``."""
+
+    def __init__(self, row: str = "tadm", K: int | None = None, params: str = "params.yaml", root: str = ".",
+                 seed: int | None = None, batch_size=1, max_batch_size=None, device: str | None = None, **unused):
+        super().__init__()
+        from tadm.experiments.diffusiongemma import load_models
+        from tadm.experiments.table1 import CONTROL, Method, Runner
+
+        if unused:
+            raise ConfigError("model_args", f"unknown argument(s) {', '.join(sorted(unused))} "
+                              "(known: row, K, params, root, seed, device, batch_size)")
+        if row not in rows():
+            raise ConfigError("model_args.row", f"must be one of {', '.join(rows())}, got {row!r}")
+        k = None if K is None else int(K)
+        if row == "tadm" and (k is None or k < 1):
+            raise ConfigError("model_args.K", f"row tadm needs the refresh interval K >= 1, got {K!r}")
+        if row in DG_CACHES and (k is None or k < 2):
+            raise ConfigError("model_args.K", f"a training-free cache reuses the anchor: K >= 2 (K = 1 is the base), got {K!r}")
+        if row in ("base", "control") and k not in (None, 1):
+            raise ConfigError("model_args.K", f"row {row} decodes at K = 1, got {K!r}")
+        self.batch_size = _batch_size(batch_size)
+        if device and device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError("--device", f"{device!r} asked for (lm-eval's default is cuda:0), but torch sees no "
+                              "CUDA device: pass --device cpu")
+        p = config.load(Path(params))
+        rt = dataclasses.replace(p.runtime, nproc=1, **({"device": device} if device else {}))
+        p = dataclasses.replace(p, runtime=rt)
+        self.p, self.seed = p, p.posttrain.seed if seed is None else int(seed)
+        d = runtime.Dist(0, 1, runtime.resolve_device(rt.device), rt.precision)
+        base, tadm, fresh, tok = load_models(p, Path(root), d, control=row == "control")
+        split = tuple(tadm.split.split)
+        if row == "base":
+            method = Method("Base", base, None, None, "base", split)
+        elif row == "control":
+            method = Method(CONTROL, base, fresh, 1, "control")
+        elif row == "tadm":
+            method = Method(f"TADM K={k}", base, tadm, k, "tadm")
+        else:
+            cache = DG_CACHES[row]
+            method = Method(f"{cache.label} K={k}", base, cache.build(base, p), k, row)
+        self.method, self.runner, self.tok = method, Runner(p, tok, [method], d), tok
+        self.timed: dict[int, list[tuple[int, float, float]]] = defaultdict(list)  # tokens per prompt -> batches
+        self.completions = 0
+
+    # ------------------------------------------------------------------ generation
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each request's completion (module docstring): batches of equal generation settings, in
+        request order, each prompt on its own random stream."""
+        from tqdm import tqdm
+
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        settings = []
+        for i, req in enumerate(requests):
+            context, gen = req.args
+            gen = dict(gen or {})
+            until = gen.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            length = next((int(gen[k]) for k in ("max_gen_toks", "max_new_tokens", "max_tokens")
+                           if gen.get(k) is not None), self.p.posttrain.canvas_length)
+            if length < 1:
+                raise ConfigError("max_gen_toks", f"must be >= 1, got {length}")
+            settings.append((context, until, length))
+            groups[(length,)].append(i)
+        out: list[str | None] = [None] * len(requests)
+        bar = tqdm(total=len(requests), desc=f"tadm[{self.method.label}]", disable=disable_tqdm)
+        for (length,), members in groups.items():
+            per_prompt = self.runner.tokens_per_prompt(_Length(length))
+            for lo in range(0, len(members), self.batch_size):
+                batch = members[lo: lo + self.batch_size]
+                streams = [torch.Generator(self.runner.device).manual_seed(self._seed_of(requests[i])) for i in batch]
+                with row_streams(streams):
+                    texts, seconds, decoder = self.runner.generate_batch(
+                        self.method, [settings[i][0] for i in batch], length, self.seed, lo)
+                self.timed[per_prompt].append((len(batch), seconds, decoder))
+                for i, text in zip(batch, texts):
+                    out[i] = cut_at(text, settings[i][1])
+                    self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+                bar.update(len(batch))
+        bar.close()
+        self.completions += len(requests)
+        return out
+
+    def _seed_of(self, req) -> int:
+        task, doc_id = (req.metadata or ("", req.idx))[:2]
+        return request_seed(self.seed, str(task), int(doc_id if doc_id is not None else req.idx))
+
+    # ------------------------------------------------------------------ refused
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise HarnessRefused("the tadm harness model generates only: loglikelihood requests (multiple choice by "
+                             "likelihood) are not served; run the task's generative variant (docs/harness.md)")
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise HarnessRefused("the tadm harness model generates only: loglikelihood_rolling (perplexity tasks) "
+                             "is not served")
+
+    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+        raise HarnessRefused("the tadm harness model wraps every prompt in its no-think chat turn itself (as "
+                             "Table 1 does): run without --apply_chat_template")
+
+    # ------------------------------------------------------------------ what the results record
+
+    def speed(self) -> dict:
+        """Generated tokens / s as Table 1 counts them, per generated length (canvas positions
+        per prompt): the full batches' median time (tadm.experiments.table1.throughput)."""
+        from tadm.experiments.table1 import throughput
+
+        return {str(n): throughput(timed, n) for n, timed in sorted(self.timed.items())}
+
+    def get_model_info(self) -> dict:
+        speeds = self.speed()
+        return {"tadm_row": self.method.label, "tadm_family": self.method.family, "tadm_refresh_every": self.method.k,
+                "tadm_seed": self.seed, "tadm_sample_steps": self.p.posttrain.sample_steps,
+                "generated_tokens_per_s": {n: s["tokens_per_s"] for n, s in speeds.items()},
+                "generated_tokens_counted": "generated canvas positions only (not the prompt), over the median "
+                                            "time of the full batches, as Table 1"}
+
+
+@dataclasses.dataclass
+class _Length:
+    """What Runner.tokens_per_prompt reads of a task: its generated length."""
+
+    max_new_tokens: int
+
+
+def cut_at(text: str, until: list[str]) -> str:
+    """`text` up to the first occurrence of any non-empty stop string of `until`."""
+    cuts = [text.find(s) for s in until if s]
+    cuts = [c for c in cuts if c >= 0]
+    return text[: min(cuts)] if cuts else text
+
+
+__all__ = ["MODEL_NAME", "TadmLM", "HarnessRefused", "row_streams", "request_seed", "cut_at", "rows"]

@@ -1,0 +1,151 @@
+"""lm-evaluation-harness on Table 1's rows (tadm.harness): the local arithmetic task through
+lm_eval on the post-train workspace (a tiny DiffusionGemma with its fusions) scores exactly as
+Table 1's scorer scores the same completions, in Table 1's order; a batch gives every document
+the tokens it gets alone; speed is counted as Table 1 counts it; the refusals are one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tadm.errors import ConfigError
+from tests.experiments.conftest import env, posttrain_raw
+
+lm_eval = pytest.importorskip("lm_eval")  # pinned in requirements/lock.txt
+
+N = 6  # documents
+LENGTH = 12  # max_gen_toks: two canvases of the micro profile's 8 positions
+
+
+@pytest.fixture(scope="module")
+def workspace(posttrain_workspace, tmp_path_factory):
+    """The post-train workspace with a decisive base: its (tied) token embedding x 30, so the
+    random model's predictions are far from uniform. (Near-uniform logits make near-ties of the
+    sampler's entropy ranking, which a padded batch's rounding -- attention over a longer, masked
+    prompt -- can flip; a trained model has no such ties.)"""
+    import shutil
+
+    import yaml
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("harness")
+    for part in ("models", "data"):
+        shutil.copytree(posttrain_workspace / part, root / part)
+    weights = root / "models" / "dg_base" / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.decoder.embed_tokens.weight"] *= 30
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    (root / "params.yaml").write_text(yaml.safe_dump(posttrain_raw(), sort_keys=False))
+    return root
+
+
+def _evaluate(root, monkeypatch, batch_size: int, **model_args):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import tadm.harness.model  # noqa: F401  (registers "tadm")
+    from tadm.harness import TASKS_DIR
+
+    monkeypatch.chdir(root)  # the task reads data/sft/validation.jsonl from the working directory
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(root / ".hf-datasets"))
+    out = simple_evaluate(model="tadm", model_args={"params": "params.yaml", **model_args}, tasks=["tadm_arithmetic"],
+                          limit=N, batch_size=batch_size, device="cpu", log_samples=True,
+                          gen_kwargs={"max_gen_toks": LENGTH}, task_manager=TaskManager(include_path=str(TASKS_DIR)))
+    samples = sorted(out["samples"]["tadm_arithmetic"], key=lambda s: s["doc_id"])
+    return out, samples
+
+
+@pytest.mark.parametrize("row", [{"row": "tadm", "K": 2}, {"row": "base"}, {"row": "naive", "K": 2}])
+def test_the_harness_scores_as_table1_and_a_batch_decodes_as_one_prompt_at_a_time(workspace, monkeypatch, row):
+    from tadm.data import arithmetic
+    from tadm.experiments import table1
+
+    out, samples = _evaluate(workspace, monkeypatch, 3, **row)
+    task = table1.arithmetic_task(workspace / "data" / "sft", N, LENGTH)
+    assert [s["doc"]["prompt"] for s in samples] == task.prompts  # Table 1's problems, in its order
+    texts = [s["resps"][0][0] for s in samples]
+    table1_accuracy = sum(task.score(i, t) for i, t in enumerate(texts)) / N
+    assert out["results"]["tadm_arithmetic"]["exact_match,answer"] == table1_accuracy
+    assert [bool(s["exact_match"]) for s in samples] == [arithmetic.is_correct(t, s["doc"]["answer"])
+                                                         for t, s in zip(texts, samples)]
+    # every document alone (batch 1): the same completions as in the padded batches of 3
+    _, alone = _evaluate(workspace, monkeypatch, 1, **row)
+    assert [s["resps"][0][0] for s in alone] == texts
+    # speed as Table 1: two canvases of 8 generated positions per prompt, the full batches' median time
+    info = out["config"]
+    assert set(info["generated_tokens_per_s"]) == {"16"} and info["generated_tokens_per_s"]["16"] > 0
+
+
+def test_speed_counts_generated_canvas_positions_over_the_full_batches_median(workspace, monkeypatch):
+    from tadm.harness.model import TadmLM
+
+    monkeypatch.chdir(workspace)
+    lm = TadmLM(row="tadm", K=2, params="params.yaml", batch_size=2, device="cpu")
+    requests = [_Request(f"What is {i} + 1?", {"until": ["\n\n"], "max_gen_toks": LENGTH}, i) for i in range(5)]
+    texts = lm.generate_until(requests, disable_tqdm=True)
+    assert len(texts) == 5 and all("\n\n" not in t for t in texts)
+    [(per_prompt, timed)] = lm.timed.items()
+    assert per_prompt == 16 and [n for n, _, _ in timed] == [2, 2, 1]
+    full = sorted(s for n, s, _ in timed if n == 2)
+    assert lm.speed()["16"]["tokens_per_s"] == pytest.approx(2 * 16 / (sum(full) / 2))  # median of two
+
+
+class _Request:
+    """What the model reads of an lm_eval Instance."""
+
+    def __init__(self, context: str, gen: dict, doc_id: int):
+        self.args, self.metadata, self.idx = (context, gen), ("t", doc_id, 1), 0
+
+
+def test_row_streams_draw_each_row_from_its_own_generator():
+    from tadm.harness.model import row_streams
+
+    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    probs = torch.softmax(torch.randn(6, 5, generator=torch.Generator().manual_seed(0)), -1)
+    with row_streams(gens):
+        noise = torch.randint(low=0, high=50, size=(2, 7))
+        draws = torch.multinomial(probs, num_samples=1)
+        other = torch.randint(0, 50, (3,))  # another shape: the global stream, untouched
+    assert torch.randint is not None and other.shape == (3,)
+    alone = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    for b, g in enumerate(alone):
+        assert torch.equal(noise[b], torch.randint(0, 50, (1, 7), generator=g)[0])
+        assert torch.equal(draws[3 * b: 3 * b + 3], torch.multinomial(probs[3 * b: 3 * b + 3], 1, generator=g))
+
+
+def test_refusals_are_one_line(workspace, monkeypatch):
+    from tadm.harness import harness_argv
+    from tadm.harness.model import HarnessRefused, TadmLM, request_seed
+
+    monkeypatch.chdir(workspace)
+    for bad, name in [({"row": "nope"}, "model_args.row"), ({"row": "tadm"}, "model_args.K"),
+                      ({"row": "feature", "K": 1}, "model_args.K"), ({"row": "base", "K": 3}, "model_args.K"),
+                      ({"row": "base", "batch_size": "auto"}, "batch_size"), ({"row": "base", "colour": 1}, "model_args")]:
+        with pytest.raises(ConfigError) as e:
+            TadmLM(params="params.yaml", device="cpu", **bad)
+        assert name in str(e.value) and "\n" not in str(e.value)
+    lm = TadmLM(row="base", params="params.yaml", device="cpu")
+    for call in (lm.loglikelihood, lm.loglikelihood_rolling):
+        with pytest.raises(HarnessRefused):
+            call([])
+    with pytest.raises(ConfigError, match="confirm_run_unsafe_code"):
+        harness_argv(["--tasks", "humaneval", "--confirm_run_unsafe_code"])
+    assert harness_argv(["--include_path", "x"]) == ["--include_path", "x"]
+    assert request_seed(0, "t", 1) == request_seed(0, "t", 1) != request_seed(0, "t", 2)
+
+
+def test_the_launcher_runs_lm_eval_with_the_tadm_model(workspace):
+    """`python -m tadm.harness` is lm_eval's command line with the model registered and the
+    task path set: one document end to end, and a refusal as one line with exit 2."""
+    e = {**env(), "HF_DATASETS_CACHE": str(workspace / ".hf-datasets"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "tadm.harness", "--model", "tadm", "--model_args", "row=tadm,K=2,params=params.yaml",
+           "--tasks", "tadm_arithmetic", "--limit", "1", "--device", "cpu", "--gen_kwargs", f"max_gen_toks={LENGTH}"]
+    done = subprocess.run(cmd, cwd=workspace, env=e, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tadm_arithmetic" in done.stdout and "exact_match" in done.stdout
+    refused = subprocess.run(cmd[:3] + ["--tasks", "humaneval", "--confirm_run_unsafe_code"], cwd=workspace, env=e,
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr

@@ -21,25 +21,11 @@ LENGTH = 12  # max_gen_toks: two canvases of the micro profile's 8 positions
 
 
 @pytest.fixture(scope="module")
-def workspace(posttrain_workspace, tmp_path_factory):
-    """The post-train workspace with a decisive base: its (tied) token embedding x 30, so the
-    random model's predictions are far from uniform. (Near-uniform logits make near-ties of the
-    sampler's entropy ranking, which a padded batch's rounding -- attention over a longer, masked
-    prompt -- can flip; a trained model has no such ties.)"""
-    import shutil
-
+def workspace(posttrain_workspace):
     import yaml
-    from safetensors.torch import load_file, save_file
 
-    root = tmp_path_factory.mktemp("harness")
-    for part in ("models", "data"):
-        shutil.copytree(posttrain_workspace / part, root / part)
-    weights = root / "models" / "dg_base" / "model.safetensors"
-    tensors = load_file(str(weights))
-    tensors["model.decoder.embed_tokens.weight"] *= 30
-    save_file(tensors, str(weights), metadata={"format": "pt"})
-    (root / "params.yaml").write_text(yaml.safe_dump(posttrain_raw(), sort_keys=False))
-    return root
+    (posttrain_workspace / "params.yaml").write_text(yaml.safe_dump(posttrain_raw(), sort_keys=False))
+    return posttrain_workspace
 
 
 def _evaluate(root, monkeypatch, batch_size: int, **model_args):
@@ -59,7 +45,7 @@ def _evaluate(root, monkeypatch, batch_size: int, **model_args):
 
 
 @pytest.mark.parametrize("row", [{"row": "tadm", "K": 2}, {"row": "base"}, {"row": "naive", "K": 2}])
-def test_the_harness_scores_as_table1_and_a_batch_decodes_as_one_prompt_at_a_time(workspace, monkeypatch, row):
+def test_the_harness_scores_as_table1(workspace, monkeypatch, row):
     from tadm.data import arithmetic
     from tadm.experiments import table1
 
@@ -71,12 +57,33 @@ def test_the_harness_scores_as_table1_and_a_batch_decodes_as_one_prompt_at_a_tim
     assert out["results"]["tadm_arithmetic"]["exact_match,answer"] == table1_accuracy
     assert [bool(s["exact_match"]) for s in samples] == [arithmetic.is_correct(t, s["doc"]["answer"])
                                                          for t, s in zip(texts, samples)]
-    # every document alone (batch 1): the same completions as in the padded batches of 3
-    _, alone = _evaluate(workspace, monkeypatch, 1, **row)
-    assert [s["resps"][0][0] for s in alone] == texts
     # speed as Table 1: two canvases of 8 generated positions per prompt, the full batches' median time
     info = out["config"]
     assert set(info["generated_tokens_per_s"]) == {"16"} and info["generated_tokens_per_s"]["16"] > 0
+
+
+@pytest.mark.parametrize("row", [{"row": "tadm", "K": 2}, {"row": "base"}, {"row": "feature", "K": 2}])
+def test_a_padded_batch_decodes_each_document_as_it_decodes_alone(workspace, monkeypatch, row):
+    """Per-document random streams + left padding: batches of 3 and of 1 give the same tokens.
+    In float64, so that a padded row's rounding (attention over a longer, masked prompt) cannot
+    flip a near-tie of the random tiny model's router or entropy ranking; the per-row streams
+    are what is tested (in float32 a trained model's completions agree too: docs/harness.md)."""
+    from tadm.harness.model import TadmLM
+
+    monkeypatch.chdir(workspace)
+    lm = TadmLM(params="params.yaml", device="cpu", batch_size=3, **row)
+    lm.method.base.set_experts_implementation("eager")  # grouped_mm has no float64 kernel
+    lm.method.base.double()
+    if lm.method.model is not None:
+        lm.method.model.double()
+    prompts = ["What is 2 + 3?", "Start with 4. Add 1. What is the result? Show the steps.", "7 + 1 = ?",
+               "Calculate 9 + 9.", "A long prompt: start with 1, add 2, add 3, add 4. What is the result?"]
+    requests = [_Request(q, {"until": [], "max_gen_toks": LENGTH}, i) for i, q in enumerate(prompts)]
+    batched = lm.generate_until(requests, disable_tqdm=True)
+    lm.batch_size = 1
+    assert lm.generate_until(requests, disable_tqdm=True) == batched
+    lm.seed += 1  # another seed: other completions (the streams are the seed's)
+    assert lm.generate_until(requests, disable_tqdm=True) != batched
 
 
 def test_speed_counts_generated_canvas_positions_over_the_full_batches_median(workspace, monkeypatch):

@@ -202,3 +202,25 @@ def test_step_tokens_are_this_process_micro_batches_in_order():
     for x, j in zip(xs, [1, 3]):
         expected = torch.stack([torch.from_numpy(data[i]) for i in idx[j * 2:(j + 1) * 2]])
         assert torch.equal(x, expected)
+
+
+@pytest.mark.parametrize("profile", ["default", "paper"])
+def test_the_model_card_renders_for_every_family_of_each_profile(profile):
+    """The card the trainer writes, for each run the profile trains (the paper profile's runs are
+    only ever trained on GPUs: its card is checked here)."""
+    from tadm.methods import get_method
+    from tadm.train.card import model_card
+
+    p = config.from_dict(config.render_profile(profile))
+    counts = {"seq_len": p.packing.seq_len, "vocab_size": p.tokenizer.vocab_size, "bos_id": 0,
+              "train": {"tokens": 9_000_000_000, "sequences": 8_800_000}, "validation": {"tokens": 100_000, "sequences": 97}}
+    for run in p.train.models:
+        method = get_method(run, p)
+        summary = {"run": run, "model_type": method.model_type, "seed": p.seed, "steps": p.train.steps,
+                   "parameters": 123_456, "val_nelbo": 3.25, "val_ppl_bound": 25.79, "below_unigram": 1.5}
+        card = model_card(summary, p, method, counts)
+        assert card.startswith("---\nlibrary_name: tadm\n") and f"| profile | `{profile}`" in card
+        assert "3.2500 nats/token" in card and f"{p.train.steps:,} steps" in card
+        compile(card.split("```python\n")[1].split("```")[0], "card", "exec")  # the example is Python
+        if profile == "paper":
+            assert "OpenWebText" in card and "on 97 validation sequences" in card

@@ -1,5 +1,5 @@
-"""lm-evaluation-harness for TADM: Table 1's rows as the harness model ``tadm`` and Table 1's
-tasks as harness tasks (docs/harness.md).
+"""lm-evaluation-harness for TADM: Table 1's rows and the ASRD comparison's LLaDA rows as the
+harness model ``tadm``, Table 1's arithmetic task as a harness task (docs/harness.md).
 
     python -m tadm.harness --model tadm --model_args row=tadm,K=2 --tasks tadm_arithmetic --limit 16
 

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness's model ``tadm``: Table 1's rows on the harness.
+"""lm-evaluation-harness's model ``tadm``: Table 1's rows (and the LLaDA group's) on the harness.
 
     python -m tadm.harness --model tadm --model_args row=tadm,K=2 --tasks tadm_arithmetic
 
@@ -21,8 +21,17 @@ Speed is counted as Table 1 counts it (:func:`tadm.experiments.table1.throughput
 canvas positions only (not prompt tokens), over the median wall time of the full batches; the
 harness's results carry it under ``config`` (``generated_tokens_per_s``), per generated length.
 
+``row=llada``: a row of the ASRD comparison's LLaDA group (`tadm.experiments.asrd.llada`) on
+LLaDA (asrd.llada_model, or the model argument ``llada``): ``variant`` names the decoder or the
+training-free cache row by its label's slug (``low-confidence-llada``, ``asrd``,
+``fast-dllm-prefix-cache-per-block``, ``dllm-cache-k-4``, ...; a wrong name lists them). It
+generates asrd.llada_gen_tokens positions (as LLaDA's own harness wrapper, whatever the task's
+``max_gen_toks``) in LLaDA-Instruct's chat turn; its greedy rows decode a padded batch as each
+prompt alone; a stochastic row (ASRD's perturbation, plain, ReMDM) draws from one stream per
+batch, the first document's.
+
 ``loglikelihood`` and ``loglikelihood_rolling`` are refused (one line): DiffusionGemma is a
-uniform-state block diffusion model, and no likelihood estimate of it is implemented here, so
+uniform-state block diffusion model (and no Monte Carlo estimate of LLaDA's is implemented), so
 multiple-choice-by-likelihood tasks do not run; the generative variants do (docs/harness.md).
 """
 
@@ -31,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -44,6 +54,7 @@ from tadm.registry import DG_CACHES
 
 MODEL_NAME = "tadm"
 FIXED_ROWS = ("base", "tadm", "control")
+LLADA = "llada"  # the ASRD comparison's LLaDA group (its decoders and training-free caches)
 
 
 class HarnessRefused(TadmError):
@@ -51,7 +62,7 @@ class HarnessRefused(TadmError):
 
 
 def rows() -> tuple[str, ...]:
-    return FIXED_ROWS + tuple(DG_CACHES.names())
+    return FIXED_ROWS + tuple(DG_CACHES.names()) + (LLADA,)
 
 
 def request_seed(seed: int, task: str, doc_id: int) -> int:
@@ -105,22 +116,105 @@ def _batch_size(value) -> int:
     return size
 
 
-@register_model(MODEL_NAME)
-class TadmLM(LM):
-    """One row of Table 1 as a harness model (module docstring). ``model_args``: row, K,
-    params (default params.yaml), root (default .), seed (default posttrain.seed); the harness's
-    ``--device`` (its default cuda:0: pass ``--device cpu`` on a machine without CUDA) and
-    ``--batch_size``."""
+class _DiffusionGemmaRow:
+    """A Table 1 row on the frozen DiffusionGemma (`tadm.experiments.table1.Method`), generating
+    through Table 1's `Runner` with every prompt on its own random stream."""
 
-    def __init__(self, row: str = "tadm", K: int | None = None, params: str = "params.yaml", root: str = ".",
-                 seed: int | None = None, batch_size=1, max_batch_size=None, device: str | None = None, **unused):
-        super().__init__()
+    def __init__(self, p, d, row: str, k: int | None, root: Path):
         from tadm.experiments.diffusiongemma import load_models
         from tadm.experiments.table1 import CONTROL, Method, Runner
 
+        base, tadm, fresh, tok = load_models(p, root, d, control=row == "control")
+        if row == "base":
+            method = Method("Base", base, None, None, "base", tuple(tadm.split.split))
+        elif row == "control":
+            method = Method(CONTROL, base, fresh, 1, "control")
+        elif row == "tadm":
+            method = Method(f"TADM K={k}", base, tadm, k, "tadm")
+        else:
+            cache = DG_CACHES[row]
+            method = Method(f"{cache.label} K={k}", base, cache.build(base, p), k, row)
+        self.method, self.runner = method, Runner(p, tok, [method], d)
+        self.label, self.family, self.k = method.label, method.family, method.k
+
+    def length(self, asked: int) -> int:
+        return asked  # generate rounds it up to whole canvases
+
+    def tokens_per_prompt(self, length: int) -> int:
+        return self.runner.tokens_per_prompt(_Length(length))
+
+    def generate(self, prompts: list[str], length: int, seeds: list[int], seed: int, lo: int):
+        streams = [torch.Generator(self.runner.device).manual_seed(s) for s in seeds]
+        with row_streams(streams):
+            return self.runner.generate_batch(self.method, prompts, length, seed, lo)
+
+
+class _LladaRow:
+    """A row of the ASRD comparison's LLaDA group (`tadm.experiments.asrd.llada`): a decoding
+    method of `llada_variants`, or a training-free cache row, on LLaDA (asrd.llada_model, or the
+    `llada` model argument), named by its label's slug (:func:`slug`)."""
+
+    def __init__(self, p, d, variant: str | None):
+        from tadm.experiments.asrd.llada import LladaRunner, llada_variants
+
+        known = {slug(v.label): v for v in llada_variants(p)}
+        if variant not in known:
+            raise ConfigError("model_args.variant", f"row llada needs one of {', '.join(known)}, got {variant!r}")
+        self.variant = known[variant]
+        if not p.asrd.llada_model:
+            raise ConfigError("model_args.llada", "row llada needs LLaDA: set asrd.llada_model or the model "
+                              "argument llada (a hub id or a local directory)")
+        self.runner = LladaRunner(p, d)
+        self.backend = self.runner.backend(self.variant.refresh_every, cache=self.variant.cache)
+        self.label, self.family, self.k = self.variant.label, "llada", self.variant.refresh_every
+        self.device = d.device
+
+    def length(self, asked: int) -> int:
+        return self.runner.gen  # asrd.llada_gen_tokens, as LLaDA's own harness wrapper (gen_length)
+
+    def tokens_per_prompt(self, length: int) -> int:
+        return length
+
+    def generate(self, prompts: list[str], length: int, seeds: list[int], seed: int, lo: int):
+        """One batch; the decoder's draws (where the row has any) come from the first prompt's
+        stream, so a stochastic row's completions depend on the batch (low-confidence, the
+        threshold and the caches decode greedily at asrd.temperature 0)."""
+        import time
+
+        from tadm.experiments.asrd.llada import BenchmarkTask
+
+        task = BenchmarkTask("harness", list(prompts), lambda i, text: False)
+        self.runner.batch = len(prompts)  # the harness's batch, not asrd.llada_batch_size
+        settings = self.variant.settings.replace(seed=seeds[0])
+        decode_batch = self.runner.decoder(self.backend, task, settings)
+        runtime.synchronize(self.device)
+        t0 = time.perf_counter()
+        _, texts, _ = decode_batch(0)
+        runtime.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        return texts, seconds, seconds
+
+
+def slug(label: str) -> str:
+    """A row label as a model argument: lower case, runs of other characters as one '-'
+    ("Fast-dLLM prefix cache K=4" -> "fast-dllm-prefix-cache-k-4")."""
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+@register_model(MODEL_NAME)
+class TadmLM(LM):
+    """One row of Table 1, or of the LLaDA group, as a harness model (module docstring).
+    ``model_args``: row, K, params (default params.yaml), root (default .), seed (default
+    posttrain.seed); for row llada: variant, llada. The harness's ``--device`` (its default
+    cuda:0: pass ``--device cpu`` on a machine without CUDA) and ``--batch_size``."""
+
+    def __init__(self, row: str = "tadm", K: int | None = None, params: str = "params.yaml", root: str = ".",
+                 seed: int | None = None, variant: str | None = None, llada: str | None = None,
+                 batch_size=1, max_batch_size=None, device: str | None = None, **unused):
+        super().__init__()
         if unused:
             raise ConfigError("model_args", f"unknown argument(s) {', '.join(sorted(unused))} "
-                              "(known: row, K, params, root, seed, device, batch_size)")
+                              "(known: row, K, params, root, seed, variant, llada, device, batch_size)")
         if row not in rows():
             raise ConfigError("model_args.row", f"must be one of {', '.join(rows())}, got {row!r}")
         k = None if K is None else int(K)
@@ -130,6 +224,10 @@ class TadmLM(LM):
             raise ConfigError("model_args.K", f"a training-free cache reuses the anchor: K >= 2 (K = 1 is the base), got {K!r}")
         if row in ("base", "control") and k not in (None, 1):
             raise ConfigError("model_args.K", f"row {row} decodes at K = 1, got {K!r}")
+        if row == LLADA and k is not None:
+            raise ConfigError("model_args.K", "row llada takes its interval from its variant (e.g. dllm-cache-k-4)")
+        if row != LLADA and (variant is not None or llada is not None):
+            raise ConfigError("model_args.variant", f"variant and llada are arguments of row llada, not of row {row}")
         self.batch_size = _batch_size(batch_size)
         if device and device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device", f"{device!r} asked for (lm-eval's default is cuda:0), but torch sees no "
@@ -137,20 +235,12 @@ class TadmLM(LM):
         p = config.load(Path(params))
         rt = dataclasses.replace(p.runtime, nproc=1, **({"device": device} if device else {}))
         p = dataclasses.replace(p, runtime=rt)
+        if llada is not None:
+            p = dataclasses.replace(p, asrd=dataclasses.replace(p.asrd, llada_model=str(llada)))
         self.p, self.seed = p, p.posttrain.seed if seed is None else int(seed)
         d = runtime.Dist(0, 1, runtime.resolve_device(rt.device), rt.precision)
-        base, tadm, fresh, tok = load_models(p, Path(root), d, control=row == "control")
-        split = tuple(tadm.split.split)
-        if row == "base":
-            method = Method("Base", base, None, None, "base", split)
-        elif row == "control":
-            method = Method(CONTROL, base, fresh, 1, "control")
-        elif row == "tadm":
-            method = Method(f"TADM K={k}", base, tadm, k, "tadm")
-        else:
-            cache = DG_CACHES[row]
-            method = Method(f"{cache.label} K={k}", base, cache.build(base, p), k, row)
-        self.method, self.runner, self.tok = method, Runner(p, tok, [method], d), tok
+        self.engine = _LladaRow(p, d, variant) if row == LLADA else _DiffusionGemmaRow(p, d, row, k, Path(root))
+        self.method = getattr(self.engine, "method", None)  # Table 1's Method of a DiffusionGemma row
         self.timed: dict[int, list[tuple[int, float, float]]] = defaultdict(list)  # tokens per prompt -> batches
         self.completions = 0
 
@@ -168,22 +258,21 @@ class TadmLM(LM):
             gen = dict(gen or {})
             until = gen.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            length = next((int(gen[k]) for k in ("max_gen_toks", "max_new_tokens", "max_tokens")
-                           if gen.get(k) is not None), self.p.posttrain.canvas_length)
-            if length < 1:
-                raise ConfigError("max_gen_toks", f"must be >= 1, got {length}")
+            asked = next((int(gen[k]) for k in ("max_gen_toks", "max_new_tokens", "max_tokens")
+                          if gen.get(k) is not None), self.p.posttrain.canvas_length)
+            if asked < 1:
+                raise ConfigError("max_gen_toks", f"must be >= 1, got {asked}")
+            length = self.engine.length(asked)
             settings.append((context, until, length))
             groups[(length,)].append(i)
         out: list[str | None] = [None] * len(requests)
-        bar = tqdm(total=len(requests), desc=f"tadm[{self.method.label}]", disable=disable_tqdm)
+        bar = tqdm(total=len(requests), desc=f"tadm[{self.engine.label}]", disable=disable_tqdm)
         for (length,), members in groups.items():
-            per_prompt = self.runner.tokens_per_prompt(_Length(length))
+            per_prompt = self.engine.tokens_per_prompt(length)
             for lo in range(0, len(members), self.batch_size):
                 batch = members[lo: lo + self.batch_size]
-                streams = [torch.Generator(self.runner.device).manual_seed(self._seed_of(requests[i])) for i in batch]
-                with row_streams(streams):
-                    texts, seconds, decoder = self.runner.generate_batch(
-                        self.method, [settings[i][0] for i in batch], length, self.seed, lo)
+                texts, seconds, decoder = self.engine.generate(
+                    [settings[i][0] for i in batch], length, [self._seed_of(requests[i]) for i in batch], self.seed, lo)
                 self.timed[per_prompt].append((len(batch), seconds, decoder))
                 for i, text in zip(batch, texts):
                     out[i] = cut_at(text, settings[i][1])
@@ -222,7 +311,7 @@ class TadmLM(LM):
 
     def get_model_info(self) -> dict:
         speeds = self.speed()
-        return {"tadm_row": self.method.label, "tadm_family": self.method.family, "tadm_refresh_every": self.method.k,
+        return {"tadm_row": self.engine.label, "tadm_family": self.engine.family, "tadm_refresh_every": self.engine.k,
                 "tadm_seed": self.seed, "tadm_sample_steps": self.p.posttrain.sample_steps,
                 "generated_tokens_per_s": {n: s["tokens_per_s"] for n, s in speeds.items()},
                 "generated_tokens_counted": "generated canvas positions only (not the prompt), over the median "
@@ -243,4 +332,4 @@ def cut_at(text: str, until: list[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-__all__ = ["MODEL_NAME", "TadmLM", "HarnessRefused", "row_streams", "request_seed", "cut_at", "rows"]
+__all__ = ["MODEL_NAME", "TadmLM", "HarnessRefused", "row_streams", "request_seed", "cut_at", "rows", "slug"]

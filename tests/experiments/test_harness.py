@@ -156,3 +156,54 @@ def test_the_launcher_runs_lm_eval_with_the_tadm_model(workspace):
     refused = subprocess.run(cmd[:3] + ["--tasks", "humaneval", "--confirm_run_unsafe_code"], cwd=workspace, env=e,
                              capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+
+
+@pytest.fixture(scope="module")
+def llada_params(workspace, tmp_path_factory):
+    """A params file whose asrd.llada_model is a tiny local LLaDA release (weights, config and
+    tokenizer in one directory), 8 generated positions in two blocks of 4, 8 steps."""
+    import yaml
+
+    from tests.models.test_llada import tiny_model, tiny_tokenizer, write_release
+
+    root = tmp_path_factory.mktemp("llada")
+    directory = write_release(root, tiny_model(seed=4))
+    tiny_tokenizer(directory)
+    raw = posttrain_raw(**{"asrd.llada_model": str(directory), "asrd.llada_gen_tokens": 8, "asrd.llada_block_size": 4,
+                           "asrd.llada_steps": 8, "asrd.llada_cache_refresh": [2]})
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("variant", ["low-confidence-llada", "low-confidence-threshold", "fast-dllm-prefix-cache-per-block",
+                                     "dllm-cache-k-2"])
+def test_llada_rows_decode_a_padded_batch_as_each_prompt_alone(llada_params, variant):
+    """The LLaDA group's greedy rows (its baseline, the threshold, a Fast-dLLM and a dLLM-Cache
+    row) through the harness model: batches of 3 and of 1 give the same completions, 8
+    generated positions counted per prompt."""
+    from tadm.harness.model import TadmLM
+
+    lm = TadmLM(row="llada", variant=variant, params=str(llada_params), device="cpu", batch_size=3)
+    prompts = ["the cat sat on the mat and the dog ran fast", "one two", "dog ran slow on the mat", "the dog"]
+    requests = [_Request(q, {"until": [], "max_gen_toks": 999}, i) for i, q in enumerate(prompts)]
+    batched = lm.generate_until(requests, disable_tqdm=True)
+    assert set(lm.timed) == {8}  # asrd.llada_gen_tokens, whatever the task asks
+    lm.batch_size = 1
+    assert lm.generate_until(requests, disable_tqdm=True) == batched
+    assert lm.get_model_info()["tadm_family"] == "llada"
+
+
+def test_llada_row_refusals(llada_params, workspace, monkeypatch):
+    from tadm.harness.model import TadmLM, slug
+
+    assert slug("Fast-dLLM prefix cache K=4") == "fast-dllm-prefix-cache-k-4"
+    for bad, name in [({"variant": "nope"}, "model_args.variant"), ({"variant": "asrd", "K": 2}, "model_args.K")]:
+        with pytest.raises(ConfigError) as e:
+            TadmLM(row="llada", params=str(llada_params), device="cpu", **bad)
+        assert name in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.chdir(workspace)  # the default profile's params name no LLaDA
+    with pytest.raises(ConfigError, match="model_args.llada"):
+        TadmLM(row="llada", variant="asrd", params="params.yaml", device="cpu")
+    with pytest.raises(ConfigError, match="model_args.variant"):
+        TadmLM(row="base", variant="asrd", params="params.yaml", device="cpu")

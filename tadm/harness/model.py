@@ -65,9 +65,10 @@ def rows() -> tuple[str, ...]:
     return FIXED_ROWS + tuple(DG_CACHES.names()) + (LLADA,)
 
 
-def request_seed(seed: int, task: str, doc_id: int) -> int:
-    """The random stream of one document of one task: a stable 63-bit hash of (seed, task, doc)."""
-    digest = hashlib.sha256(f"{seed}:{task}:{doc_id}".encode()).digest()
+def request_seed(seed: int, task: str, doc_id: int, repeat: int = 0) -> int:
+    """The random stream of one document of one task (its `repeat`-th sample, for tasks that
+    draw several): a stable 63-bit hash of (seed, task, doc, repeat)."""
+    digest = hashlib.sha256(f"{seed}:{task}:{doc_id}:{repeat}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -265,6 +266,11 @@ class TadmLM(LM):
             length = self.engine.length(asked)
             settings.append((context, until, length))
             groups[(length,)].append(i)
+        seeds, seen = [], defaultdict(int)  # a document's repeats (task repeats: N samples) get streams of their own
+        for req in requests:
+            task, doc_id = self._doc_of(req)
+            seeds.append(request_seed(self.seed, task, doc_id, seen[task, doc_id]))
+            seen[task, doc_id] += 1
         out: list[str | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc=f"tadm[{self.engine.label}]", disable=disable_tqdm)
         for (length,), members in groups.items():
@@ -272,7 +278,7 @@ class TadmLM(LM):
             for lo in range(0, len(members), self.batch_size):
                 batch = members[lo: lo + self.batch_size]
                 texts, seconds, decoder = self.engine.generate(
-                    [settings[i][0] for i in batch], length, [self._seed_of(requests[i]) for i in batch], self.seed, lo)
+                    [settings[i][0] for i in batch], length, [seeds[i] for i in batch], self.seed, lo)
                 self.timed[per_prompt].append((len(batch), seconds, decoder))
                 for i, text in zip(batch, texts):
                     out[i] = cut_at(text, settings[i][1])
@@ -282,9 +288,10 @@ class TadmLM(LM):
         self.completions += len(requests)
         return out
 
-    def _seed_of(self, req) -> int:
+    @staticmethod
+    def _doc_of(req) -> tuple[str, int]:
         task, doc_id = (req.metadata or ("", req.idx))[:2]
-        return request_seed(self.seed, str(task), int(doc_id if doc_id is not None else req.idx))
+        return str(task), int(doc_id if doc_id is not None else req.idx)
 
     # ------------------------------------------------------------------ refused
 

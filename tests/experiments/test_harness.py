@@ -141,7 +141,12 @@ def test_refusals_are_one_line(workspace, monkeypatch):
     with pytest.raises(ConfigError, match="confirm_run_unsafe_code"):
         harness_argv(["--tasks", "humaneval", "--confirm_run_unsafe_code"])
     assert harness_argv(["--include_path", "x"]) == ["--include_path", "x"]
-    assert request_seed(0, "t", 1) == request_seed(0, "t", 1) != request_seed(0, "t", 2)
+    assert request_seed(0, "t", 1) == request_seed(0, "t", 1) != request_seed(0, "t", 2) != request_seed(0, "t", 2, 1)
+    # a document asked twice (a task's repeats) is drawn twice, from two streams
+    twice = [_Request("What is 1 + 1?", {"until": [], "max_gen_toks": LENGTH}, 0) for _ in range(2)]
+    lm.batch_size = 2
+    first, second = lm.generate_until(twice, disable_tqdm=True)
+    assert first != second
 
 
 def test_the_launcher_runs_lm_eval_with_the_tadm_model(workspace):

@@ -33,7 +33,7 @@ def harness_argv(argv: list[str]) -> list[str]:
     if any(a == "--confirm_run_unsafe_code" or a.startswith("--confirm_run_unsafe_code=") for a in argv):
         raise ConfigError("--confirm_run_unsafe_code", "refused: the harness would run generated code on the host "
                           "unsandboxed; Table 1 scores HumanEval and LiveCodeBench inside tadm.tasks.sandbox "
-                          "(python -m tadm table1)")
+                          "(python -m tadm table1)", source="tadm.harness")
     if not any(a == "--include_path" or a.startswith("--include_path=") for a in argv):
         argv = [*argv, "--include_path", str(TASKS_DIR)]
     return argv

@@ -57,6 +57,11 @@ FIXED_ROWS = ("base", "tadm", "control")
 LLADA = "llada"  # the ASRD comparison's LLaDA group (its decoders and training-free caches)
 
 
+def harness_error(key: str, message: str) -> ConfigError:
+    """A bad model argument or harness flag, as one line naming it (not a params.yaml key)."""
+    return ConfigError(key, message, source="tadm.harness")
+
+
 class HarnessRefused(TadmError):
     """A request the harness model does not serve (one line, exit 2)."""
 
@@ -107,13 +112,13 @@ def row_streams(generators: list[torch.Generator]):
 
 def _batch_size(value) -> int:
     if isinstance(value, str) and value.startswith("auto"):
-        raise ConfigError("batch_size", "'auto' is not supported by the tadm harness model: give a number")
+        raise harness_error("batch_size", "'auto' is not supported by the tadm harness model: give a number")
     try:
         size = int(value)
     except (TypeError, ValueError):
-        raise ConfigError("batch_size", f"must be a positive integer, got {value!r}") from None
+        raise harness_error("batch_size", f"must be a positive integer, got {value!r}") from None
     if size < 1:
-        raise ConfigError("batch_size", f"must be a positive integer, got {size}")
+        raise harness_error("batch_size", f"must be a positive integer, got {size}")
     return size
 
 
@@ -160,10 +165,10 @@ class _LladaRow:
 
         known = {slug(v.label): v for v in llada_variants(p)}
         if variant not in known:
-            raise ConfigError("model_args.variant", f"row llada needs one of {', '.join(known)}, got {variant!r}")
+            raise harness_error("model_args.variant", f"row llada needs one of {', '.join(known)}, got {variant!r}")
         self.variant = known[variant]
         if not p.asrd.llada_model:
-            raise ConfigError("model_args.llada", "row llada needs LLaDA: set asrd.llada_model or the model "
+            raise harness_error("model_args.llada", "row llada needs LLaDA: set asrd.llada_model or the model "
                               "argument llada (a hub id or a local directory)")
         self.runner = LladaRunner(p, d)
         self.backend = self.runner.backend(self.variant.refresh_every, cache=self.variant.cache)
@@ -214,25 +219,28 @@ class TadmLM(LM):
                  batch_size=1, max_batch_size=None, device: str | None = None, **unused):
         super().__init__()
         if unused:
-            raise ConfigError("model_args", f"unknown argument(s) {', '.join(sorted(unused))} "
+            raise harness_error("model_args", f"unknown argument(s) {', '.join(sorted(unused))} "
                               "(known: row, K, params, root, seed, variant, llada, device, batch_size)")
         if row not in rows():
-            raise ConfigError("model_args.row", f"must be one of {', '.join(rows())}, got {row!r}")
+            raise harness_error("model_args.row", f"must be one of {', '.join(rows())}, got {row!r}")
         k = None if K is None else int(K)
         if row == "tadm" and (k is None or k < 1):
-            raise ConfigError("model_args.K", f"row tadm needs the refresh interval K >= 1, got {K!r}")
+            raise harness_error("model_args.K", f"row tadm needs the refresh interval K >= 1, got {K!r}")
         if row in DG_CACHES and (k is None or k < 2):
-            raise ConfigError("model_args.K", f"a training-free cache reuses the anchor: K >= 2 (K = 1 is the base), got {K!r}")
+            raise harness_error("model_args.K", f"a training-free cache reuses the anchor: K >= 2 (K = 1 is the base), got {K!r}")
         if row in ("base", "control") and k not in (None, 1):
-            raise ConfigError("model_args.K", f"row {row} decodes at K = 1, got {K!r}")
+            raise harness_error("model_args.K", f"row {row} decodes at K = 1, got {K!r}")
         if row == LLADA and k is not None:
-            raise ConfigError("model_args.K", "row llada takes its interval from its variant (e.g. dllm-cache-k-4)")
+            raise harness_error("model_args.K", "row llada takes its interval from its variant (e.g. dllm-cache-k-4)")
         if row != LLADA and (variant is not None or llada is not None):
-            raise ConfigError("model_args.variant", f"variant and llada are arguments of row llada, not of row {row}")
+            raise harness_error("model_args.variant", f"variant and llada are arguments of row llada, not of row {row}")
         self.batch_size = _batch_size(batch_size)
-        if device and device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError("--device", f"{device!r} asked for (lm-eval's default is cuda:0), but torch sees no "
-                              "CUDA device: pass --device cpu")
+        if device:
+            try:
+                runtime.resolve_device(device)
+            except ConfigError as e:  # lm-eval's --device defaults to cuda:0
+                raise harness_error("--device", f"{e.detail} (lm-eval's default is cuda:0: pass --device cpu "
+                                  "on a machine without CUDA)") from None
         p = config.load(Path(params))
         rt = dataclasses.replace(p.runtime, nproc=1, **({"device": device} if device else {}))
         p = dataclasses.replace(p, runtime=rt)
@@ -262,7 +270,7 @@ class TadmLM(LM):
             asked = next((int(gen[k]) for k in ("max_gen_toks", "max_new_tokens", "max_tokens")
                           if gen.get(k) is not None), self.p.posttrain.canvas_length)
             if asked < 1:
-                raise ConfigError("max_gen_toks", f"must be >= 1, got {asked}")
+                raise harness_error("max_gen_toks", f"must be >= 1, got {asked}")
             length = self.engine.length(asked)
             settings.append((context, until, length))
             groups[(length,)].append(i)
@@ -339,4 +347,4 @@ def cut_at(text: str, until: list[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-__all__ = ["MODEL_NAME", "TadmLM", "HarnessRefused", "row_streams", "request_seed", "cut_at", "rows", "slug"]
+__all__ = ["harness_error", "MODEL_NAME", "TadmLM", "HarnessRefused", "row_streams", "request_seed", "cut_at", "rows", "slug"]

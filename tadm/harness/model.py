@@ -251,7 +251,6 @@ class TadmLM(LM):
         self.engine = _LladaRow(p, d, variant) if row == LLADA else _DiffusionGemmaRow(p, d, row, k, Path(root))
         self.method = getattr(self.engine, "method", None)  # Table 1's Method of a DiffusionGemma row
         self.timed: dict[int, list[tuple[int, float, float]]] = defaultdict(list)  # tokens per prompt -> batches
-        self.completions = 0
 
     # ------------------------------------------------------------------ generation
 
@@ -260,7 +259,7 @@ class TadmLM(LM):
         request order, each prompt on its own random stream."""
         from tqdm import tqdm
 
-        groups: dict[tuple, list[int]] = defaultdict(list)
+        groups: dict[int, list[int]] = defaultdict(list)  # generated length -> request indices
         settings = []
         for i, req in enumerate(requests):
             context, gen = req.args
@@ -273,7 +272,7 @@ class TadmLM(LM):
                 raise harness_error("max_gen_toks", f"must be >= 1, got {asked}")
             length = self.engine.length(asked)
             settings.append((context, until, length))
-            groups[(length,)].append(i)
+            groups[length].append(i)
         seeds, seen = [], defaultdict(int)  # a document's repeats (task repeats: N samples) get streams of their own
         for req in requests:
             task, doc_id = self._doc_of(req)
@@ -281,7 +280,7 @@ class TadmLM(LM):
             seen[task, doc_id] += 1
         out: list[str | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc=f"tadm[{self.engine.label}]", disable=disable_tqdm)
-        for (length,), members in groups.items():
+        for length, members in groups.items():
             per_prompt = self.engine.tokens_per_prompt(length)
             for lo in range(0, len(members), self.batch_size):
                 batch = members[lo: lo + self.batch_size]
@@ -293,7 +292,6 @@ class TadmLM(LM):
                     self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
                 bar.update(len(batch))
         bar.close()
-        self.completions += len(requests)
         return out
 
     @staticmethod

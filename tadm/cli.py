@@ -240,7 +240,10 @@ def cmd_claims(args) -> None:
     """paper_figures/claims.{md,csv}: every quantitative claim of the paper with a computed verdict."""
     from tadm.experiments import claims
 
-    cs = claims.write(_params(args), out=Path(args.out))
+    if args.from_ is not None:  # recomputed from a claims inputs file alone (no run, no params.yaml)
+        cs = claims.write_from(Path(args.from_), out=Path(args.out))
+    else:
+        cs = claims.write(_params(args), out=Path(args.out))
     for c in cs:
         print(f"{c.verdict:>24}  {c.id}: {c.shown or '-'}")
 
@@ -497,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("claims", help="paper_figures/claims.{md,csv}: the paper's claims with verdicts computed from "
                        "this run's results")
     p.add_argument("--out", default="paper_figures")
+    p.add_argument("--from", dest="from_", default=None, metavar="FILE",
+                   help="recompute claims.{md,csv} and claims_summary.md from a claims inputs file "
+                   "(paper_figures/claims_inputs.json) alone, instead of the run's outputs")
     p.set_defaults(func=cmd_claims)
 
     p = sub.add_parser("replicates", help="sample and score Table 2's compared rows (sample.replicate_rows) from every "
@@ -541,9 +547,52 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def output_paths(args) -> list[tuple[str, Path, str, tuple[str, ...] | None]]:
+    """(flag, path, kind, ours) of every output path of the command in `args`: "file" or "dir"
+    where that kind is written, `ours` the names a folder replaced as a whole may hold
+    (tadm.io.output_conflict; None: files are written into it)."""
+    command, out = args.command, getattr(args, "out", None)
+    if command == "profile":
+        return [("--params", Path(args.params), "file", None)]
+    if command == "corpus":
+        out = Path(out or CORPUS_DIR)
+        return [("--out", out, "dir", None), *(("--out", out / name, "file", None)
+                                               for name in ("train.jsonl", "validation.jsonl", "manifest.json"))]
+    if command in ("sft", "claims"):
+        return [("--out", Path(out or SFT_DIR), "dir", None)]
+    if command == "tokenizer":
+        from tadm.data.tokenizer import OUTPUT_FILES
+
+        return [("--out", Path(out or TOKENIZER_DIR), "dir", OUTPUT_FILES)]
+    if command == "pack":
+        from tadm.data.packing import SHARD_FILES, SPLITS
+
+        out = Path(out or PACKED_DIR)
+        return [("--out", out, "dir", None), *(("--out", out / split, "dir", SHARD_FILES) for split in SPLITS),
+                ("--out", out / "manifest.json", "file", None)]
+    if command == "compute-column":
+        return [("--out", Path(out), "dir", None), *(("--out", Path(out) / f"table2_compute.{ext}", "file", None)
+                                                     for ext in ("csv", "md")),
+                ("--metrics", Path(args.metrics), "file", None)]
+    if command == "throughput":
+        return [("--out", Path(out), "file", None), ("--table", Path(args.table), "file", None)]
+    return []
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work, an output flag naming an existing folder where a file is written,
+    an existing file where a folder is, or a folder that is replaced and holds what its writer did
+    not write: one ConfigError line naming the flag and the path (tadm.io.check_output_path)."""
+    from tadm.io import check_output_path
+
+    for flag, path, kind, ours in output_paths(args):
+        check_output_path(path, kind, flag, f"python -m tadm {args.command}", ours)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_outputs(args)
         args.func(args)
     except TadmError as e:
         _leave_process_group_on(e)

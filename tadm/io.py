@@ -8,6 +8,7 @@ SHA-256 hashes of the outputs and no timestamps, so re-running a stage gives ide
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from tadm.errors import DataError
+from tadm.errors import ConfigError, DataError
 
 CHUNK = 1 << 20
 
@@ -75,15 +76,119 @@ def require_writable(dirs: dict[str, str | Path], before: str) -> None:
                             f"nothing was done: make it writable before {before}") from None
 
 
+# ------------------------------------------------------------------------- output paths
+
+# the files `save_pretrained` of a transformers model and tokenizer write (any version this project
+# pins or pinned): a folder holding only these (and the writer's own names) is a saved model or
+# tokenizer that its writer may replace on a rerun
+HF_SAVED_FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+                  "model.safetensors.index.json", "pytorch_model.bin", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt",
+                  "tokenizer.model", "chat_template.jinja", "chat_template.json")
+
+
+def _kind_of(path: Path) -> str | None:
+    """"dir" (a folder; a symbolic link to one is no folder here), "file" (anything else there,
+    a symbolic link included: replacing it leaves its target alone), None (nothing there)."""
+    if path.is_dir() and not path.is_symlink():
+        return "dir"
+    if path.is_symlink() or path.exists():
+        return "file"
+    return None
+
+
+def _files_under(folder: Path) -> list[str]:
+    """Every file under `folder` (relative posix paths, sorted); a symbolic link counts as a file,
+    an empty subfolder as nothing."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if not (p.is_dir() and not p.is_symlink()))
+
+
+def _listing(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def output_conflict(path: str | Path, kind: str = "file", ours: tuple[str, ...] | None = None) -> str | None:
+    """Why writing a `kind` ("file" or "dir") at `path` would remove what its writer did not
+    create, in a few words naming `path`; None when it would not.
+
+    A file is refused over an existing folder, a folder over an existing file. With `ours` (the
+    folder is written as a whole and replaces the one there: :func:`atomic_path`), an existing
+    folder is refused unless every file under it matches one of the patterns `ours` (fnmatch on
+    its posix path relative to the folder: the names this writer writes), an empty one always
+    allowed. Without `ours` the folder is written into, not replaced: any existing folder is fine.
+    """
+    if kind not in ("file", "dir"):
+        raise ValueError(f"kind must be 'file' or 'dir', got {kind!r}")
+    path = Path(path)
+    there = _kind_of(path)
+    if there is None:
+        return None
+    if kind == "file":
+        if there != "dir":
+            return None
+        held = _files_under(path)
+        holding = f"holding {_listing(held)}" if held else "empty"
+        return f"{path} is an existing folder ({holding}), where a file is to be written: the file would replace it"
+    if there == "file":
+        return f"{path} is an existing file, where a folder is to be written"
+    if ours is None:
+        return None
+    foreign = [name for name in _files_under(path) if not any(fnmatch.fnmatchcase(name, pat) for pat in ours)]
+    if foreign:
+        return (f"{path} is an existing folder holding {_listing(foreign)}, which this output does not write: "
+                "replacing the folder would delete them")
+    return None
+
+
+def check_output_path(path: str | Path, kind: str = "file", what: str = "--out", source: str = "python -m tadm",
+                      ours: tuple[str, ...] | None = None) -> Path:
+    """Refuse, before any work, an output path whose write would remove what the caller did not
+    create (:func:`output_conflict`): a :class:`~tadm.errors.ConfigError` line naming the flag or
+    parameter `what` (of the command or notebook `source`) and the path. Returns ``Path(path)``."""
+    why = output_conflict(path, kind, ours)
+    if why is not None:
+        raise ConfigError(what, f"{why}; refused, nothing was done: name another path, or move it away yourself", source)
+    return Path(path)
+
+
+def check_output_paths(paths: dict[str, tuple[Any, str]], source: str) -> None:
+    """:func:`check_output_path` for each ``{name: (path or None, kind)}`` (None: no output)."""
+    for name, (value, kind) in paths.items():
+        if value is not None:
+            check_output_path(value, kind, name, source)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, kind: str = "file", ours: tuple[str, ...] = ()) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success rename it onto `path`.
 
-    Works for files and directories. On error the temporary is removed and any previous
-    `path` is left untouched. A parent that cannot be created or written (a file in the way,
-    no permission, /proc) is a one-line DataError naming it.
+    Works for files (`kind` "file") and directories ("dir": the caller makes the folder at the
+    yielded path and fills it). On error the temporary is removed and any previous `path` is
+    left untouched. A parent that cannot be created or written (a file in the way, no
+    permission, /proc) is a one-line DataError naming it.
+
+    Nothing its caller did not create is removed: checked on entry (before the work) and again,
+    against what the caller made, just before the rename, each a one-line DataError naming
+    `path` with nothing changed:
+
+    * a file never replaces a folder, nor a folder a file (a symbolic link counts as a file:
+      replacing it leaves its target alone);
+    * a folder replaces an existing folder only when that folder is empty or every file under
+      it matches one of the patterns `ours` (fnmatch on its posix path relative to the folder):
+      the names this writer writes, so that a rerun replaces its own previous output and
+      nothing else (:data:`HF_SAVED_FILES` for a saved model or tokenizer).
     """
     path = Path(path)
+    ours = tuple(ours)
+
+    def refuse_conflict(made: str) -> None:
+        why = output_conflict(path, made, ours if made == "dir" else None)
+        if why is not None:
+            raise DataError(f"{why}; refused, it is left as it is: name another path, or move it away yourself")
+
+    refuse_conflict(kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
@@ -93,7 +198,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     target = tmp / path.name
     try:
         yield target
-        if path.is_dir() and not path.is_symlink():
+        refuse_conflict(_kind_of(target) or kind)
+        if _kind_of(path) == "dir":  # a folder over a folder (allowed by the rule above): swap, then remove
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)

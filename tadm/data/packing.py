@@ -56,11 +56,16 @@ def tokenize_docs(texts: Iterable[str], tokenizer) -> Iterator[list[int]]:
         yield from tokenizer(batch, add_special_tokens=False)["input_ids"]
 
 
+# what write_shards writes into a split's folder: a rerun replaces a folder holding only these
+# (tadm.io.atomic_path), and refuses one holding anything else
+SHARD_FILES = ("shard_*.npy",)
+
+
 def write_shards(seqs: Iterable[np.ndarray], out_dir: Path, seq_len: int, shard_sequences: int,
                  dtype: np.dtype) -> dict:
     """Write sequences into ``shard_00000.npy``... under out_dir (atomically, as a whole)."""
     n_seq, shards = 0, []
-    with atomic_path(out_dir) as tmp:
+    with atomic_path(out_dir, "dir", ours=SHARD_FILES) as tmp:
         tmp.mkdir()
         for batch in _batches(seqs, shard_sequences):
             name = f"shard_{len(shards):05d}.npy"

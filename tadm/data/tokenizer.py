@@ -20,7 +20,7 @@ from typing import Iterator
 
 from tadm.config import TokenizerConfig
 from tadm.errors import DataError
-from tadm.io import atomic_path, check_jsonl_input, read_jsonl, write_manifest
+from tadm.io import HF_SAVED_FILES, atomic_path, check_jsonl_input, read_jsonl, write_manifest
 
 EOS = "<|endoftext|>"
 
@@ -94,6 +94,11 @@ def load_tokenizer(name_or_dir: str | Path):
     return tok
 
 
+# what the tokenizer stage writes into its folder: a rerun replaces a folder holding only these
+# (tadm.io.atomic_path), and refuses one holding anything else
+OUTPUT_FILES = (*HF_SAVED_FILES, "manifest.json")
+
+
 def build(cfg: TokenizerConfig, corpus_dir: str | Path, out_dir: str | Path) -> dict:
     """Build the configured tokenizer, save it to `out_dir`, write its manifest."""
     out_dir = Path(out_dir)
@@ -101,7 +106,7 @@ def build(cfg: TokenizerConfig, corpus_dir: str | Path, out_dir: str | Path) -> 
         tok = build_gpt2()
     else:
         tok = train_bpe(corpus_texts(Path(corpus_dir)), cfg.vocab_size, cfg.min_frequency)
-    with atomic_path(out_dir) as tmp:
+    with atomic_path(out_dir, "dir", ours=OUTPUT_FILES) as tmp:
         tok.save_pretrained(str(tmp))
         _normalise_saved_files(tmp)
     counts = {"vocab_size": len(tok), "eos_id": tok.eos_token_id, "bos_id": tok.bos_token_id}

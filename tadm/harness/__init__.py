@@ -34,9 +34,36 @@ def harness_argv(argv: list[str]) -> list[str]:
         raise ConfigError("--confirm_run_unsafe_code", "refused: the harness would run generated code on the host "
                           "unsandboxed; Table 1 scores HumanEval and LiveCodeBench inside tadm.tasks.sandbox "
                           "(python -m tadm table1)", source="tadm.harness")
+    check_output_path_arg(argv)
     if not any(a == "--include_path" or a.startswith("--include_path=") for a in argv):
         argv = [*argv, "--include_path", str(TASKS_DIR)]
     return argv
+
+
+def output_path_arg(argv: list[str]) -> str | None:
+    """The value of the harness's ``--output_path`` (``-o``) in `argv`, the last one given; None
+    without one."""
+    value = None
+    for i, a in enumerate(argv):
+        if a in ("--output_path", "-o") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith("--output_path="):
+            value = a.split("=", 1)[1]
+        elif a.startswith("-o") and not a.startswith("--") and len(a) > 2:
+            value = a[2:].removeprefix("=")
+    return value
+
+
+def check_output_path_arg(argv: list[str]) -> None:
+    """``--output_path`` is refused in one line, before the model loads, where the harness would
+    write over what is there: lm-eval writes ``<stem>_<date>.json`` beside a path ending in
+    ``.json`` (a file path: an existing folder there is refused) and makes folders under any
+    other (a folder path: an existing file there is refused)."""
+    from tadm.io import check_output_path
+
+    value = output_path_arg(argv)
+    if value:
+        check_output_path(value, "file" if value.endswith(".json") else "dir", "--output_path", "tadm.harness")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,4 +84,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["TASKS_DIR", "harness_argv", "main"]
+__all__ = ["TASKS_DIR", "check_output_path_arg", "harness_argv", "main", "output_path_arg"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from tadm.errors import DataError
-from tadm.io import atomic_path
+from tadm.io import HF_SAVED_FILES, atomic_path
 
 SMOLLM2 = "smollm2"
 GPT2_LARGE = "gpt2-large"
@@ -84,7 +84,7 @@ def smollm2_cache(cache_dir: str | Path) -> tuple[Path, bool]:
     model.config.eos_token_id = tokenizer.eos_token_id
     if model.generation_config is not None:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
-    with atomic_path(target) as tmp:
+    with atomic_path(target, "dir", ours=(*HF_SAVED_FILES, CACHE_MARKER)) as tmp:  # an incomplete cache: ours
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         (tmp / CACHE_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")

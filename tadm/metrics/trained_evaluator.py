@@ -59,7 +59,7 @@ from tqdm import tqdm
 from tadm import runtime
 from tadm.config import Params
 from tadm.data.packing import PACK_HINT, PackedTokens
-from tadm.io import read_manifest, atomic_path, atomic_write_json, sha256_file
+from tadm.io import HF_SAVED_FILES, read_manifest, atomic_path, atomic_write_json, sha256_file
 from tadm.metrics.scorer import MODEL_DIR, TRAINED, resolve  # noqa: F401 - te.resolve, te.MODEL_DIR as before
 
 BETAS = (0.9, 0.95)  # AdamW's: beta2 0.95 as train.betas (benchmarks/results/judge.md)
@@ -202,7 +202,8 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
                                                                {"fingerprint": fp, "settings": settings}),
                             names, keep=1 if done == c.steps else 2)
     model.eval()
-    with atomic_path(MODEL_DIR) as tmp:
+    # a rerun replaces its own saved model (or the record.json of a run that trained none), nothing else
+    with atomic_path(MODEL_DIR, "dir", ours=(*HF_SAVED_FILES, "record.json")) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
     nll, tokens, scored = validation_nll(model, valid, p.train.eval_sequences, c.batch_size, d.device)

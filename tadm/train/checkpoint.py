@@ -236,7 +236,7 @@ def save(run_dir: Path, state: TrainState, param_names: list[str], keep: int = 2
             raise Diverged(f"{run_dir}: refusing to save step {state.step}: the {what} hold NaN or inf "
                            f"(tensor {bad}); {last_good(run_dir)}")
     try:  # atomic: on any failure the half-written directory is removed, `latest` unchanged
-        with atomic_path(run_dir / name) as tmp:
+        with atomic_path(run_dir / name, "dir", ours=(*FILES, "state.json")) as tmp:
             tmp.mkdir()
             save_file(_on_host(state.model), str(tmp / "model.safetensors"))
             save_file(_on_host(state.ema), str(tmp / "ema.safetensors"))

@@ -2,8 +2,15 @@
 from: each quoted figure is registered here with its source (a file the pipeline wrote under
 metrics/, results/ or paper_figures/, or a benchmark's own result under benchmarks/results/, and
 a key in it) and the format it is quoted in, and must appear in its document as formatted from the
-source. A rerun that moves a number fails here, naming the document, the quote expected and the
+source. A commit that moves a number fails here, naming the document, the quote expected and the
 files it was formatted from, until the prose is updated.
+
+The documents and their sources are read as committed at git HEAD (tests/committed.py): `make
+reproduce` rewrites the outputs in the working copy, and an honest rerun moves every timing, so the
+working copy's outputs after a rerun are not the run the prose quotes. A developer who updates
+outputs and prose commits them together; a fresh clone's working copy is HEAD
+(tests/test_docs_after_rerun.py: the checks pass after a rerun's timings, fail on a commit that
+moves a figure). Outside a git checkout the working copy is read.
 
 What is not registered is not a run figure: design constants and parameters (d = 128, 1000 steps),
 the paper's own numbers, and measurements made outside the pipeline, which the prose dates
@@ -13,6 +20,7 @@ The README's results table is checked whole elsewhere (tests/test_readme_results
 
 import csv
 import difflib
+import io
 import json
 import math
 import re
@@ -22,7 +30,7 @@ from functools import lru_cache
 import pytest
 import yaml
 
-from tadm.config import ROOT
+from committed import read_text, where
 
 RUNS = ("mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar")
 # Table 2's diffusion rows (metrics/table2.json prefixes), ADLM and the fusion's ablation apart
@@ -42,7 +50,7 @@ def _note(path: str) -> str:
 
 @lru_cache(maxsize=None)
 def _json(path: str) -> dict:
-    return json.loads((ROOT / path).read_text())
+    return json.loads(read_text(path))
 
 
 def source(path: str) -> dict:
@@ -52,8 +60,7 @@ def source(path: str) -> dict:
 
 @lru_cache(maxsize=None)
 def _csv(path: str) -> tuple:
-    with open(ROOT / path, newline="") as f:
-        return tuple(csv.DictReader(f))
+    return tuple(csv.DictReader(io.StringIO(read_text(path), newline="")))
 
 
 def rows(path: str) -> tuple:
@@ -63,7 +70,7 @@ def rows(path: str) -> tuple:
 
 def params(*keys: str):
     """A key of params.yaml, the run's parameters (DVC tracks them)."""
-    value = yaml.safe_load((ROOT / _note("params.yaml")).read_text())
+    value = yaml.safe_load(read_text(_note("params.yaml")))
     for k in keys:
         value = value[k]
     return value
@@ -169,7 +176,7 @@ def verdict_of(*cids: str) -> str:
 @lru_cache(maxsize=None)
 def _md_tables(path: str) -> tuple:
     """Every pipe table of a Markdown file: (the last line of text before it, header, rows)."""
-    tables, before, lines = [], "", (ROOT / path).read_text().splitlines()
+    tables, before, lines = [], "", read_text(path).splitlines()
     i = 0
     while i < len(lines):
         if lines[i].startswith("|"):
@@ -252,7 +259,7 @@ def pct_change(log_ratio: float) -> str:
 
 def text(doc: str) -> str:
     """The document with every run of whitespace as one space (quotes may wrap lines)."""
-    return re.sub(r"\s+", " ", (ROOT / doc).read_text())
+    return re.sub(r"\s+", " ", read_text(doc))
 
 
 # --- the registry: (document, what is quoted, the quote as formatted from its sources) ---------
@@ -499,8 +506,8 @@ FIGURES = [
      lambda: (lambda p: "{} s against {} s for a one-cell notebook, kernel start included, {}x ({}x over {} "
                         "alternated rounds".format(
                             md_cell(p, "`papermill`", "median"), md_cell(p, "`tadm.papermill_cli`", "median"),
-                            *re.search(r"median ([\d.]+)x \[([\d.]+–[\d.]+)\] over", (ROOT / p).read_text()).groups(),
-                            re.search(r"(\d+) rounds", (ROOT / p).read_text()).group(1)))(
+                            *re.search(r"median ([\d.]+)x \[([\d.]+–[\d.]+)\] over", read_text(p)).groups(),
+                            re.search(r"(\d+) rounds", read_text(p)).group(1)))(
          _note("benchmarks/results/papermill_start.md"))),
     (DP, "the ASRD stage's time",
      lambda: f"a smaller ASRD comparison ({stage_minutes('asrd'):.1f} minutes"),
@@ -567,7 +574,8 @@ def _excerpt(doc: str, want: str) -> str:
 def test_a_quoted_figure_equals_the_committed_run(doc, what, quote):
     _read.clear()
     want = quote()
-    sources = ", ".join(dict.fromkeys(_read))
+    sources = ", ".join(f"{p} ({where(p)})" for p in dict.fromkeys(_read))
     if want not in text(doc):
-        pytest.fail(f"{doc} should quote {what} as\n  {want!r}\n  (formatted from {sources}; update the prose "
-                    f"to the committed files){_excerpt(doc, want)}", pytrace=False)
+        pytest.fail(f"{doc} ({where(doc)}) should quote {what} as\n  {want!r}\n  (formatted from {sources}; "
+                    f"update the prose to the committed files and commit the two together){_excerpt(doc, want)}",
+                    pytrace=False)

@@ -33,6 +33,16 @@ class ClaimsConfig:
     # the training-free cache TADM:Post-train is judged against (one of posttrain.cache_methods),
     # named before the run rather than picked as the most accurate after it
     training_free_comparator: str = spec("feature", nonempty=True, registry=DG_CACHES)
+    # power declared before the effect is read: a finding whose minimum detectable effect at this
+    # run's n (from its se, never its effect) exceeds its target -- the equivalence margin, the
+    # paper's effect of a direction finding (else the metric's margin), the margin plus the paper's
+    # improvement of a non-inferiority finding -- is "underpowered at this profile" (off: never)
+    power_rule: Literal["mde", "off"] = "mde"
+    # a speed finding is reproduced only when measured / FLOP-bound lies in [lo, hi] (and it is
+    # faster beyond the direction rule): below lo the cache's saving is lost to overhead, above hi the
+    # baseline pays costs the FLOP bound does not count
+    speed_bound_lo: float = spec(0.85, gt=0.0, le=1.0)
+    speed_bound_hi: float = spec(1.25, ge=1.0)
 
 
 @dataclass

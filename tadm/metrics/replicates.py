@@ -131,14 +131,41 @@ def critical(z: float, df: int | float | None) -> float:
     return float(t.ppf(NormalDist().cdf(z), df))
 
 
-def runs_needed(pooled: Pooled, target: float, z: float, z_power: float, df: int | None = None) -> int | None:
-    """Training runs per arm at which a difference of `target` between two trained arms would be
-    detected with power (the sampling term taken to 0): n >= 2 s_between^2 ((crit + z_power) /
-    target)^2. None when there is no between-run variance or no target."""
+def runs_needed(pooled: Pooled, target: float, z: float, power: float, *, within_one_run: float = 0.0,
+                trained_arms: int = 2, limit: int = 1_000_000) -> int | None:
+    """Training runs per arm at which a difference of `target` would be detected with probability
+    `power`: the smallest n with (crit(z, df_n) + t_power(df_n)) se_n <= target, where
+    se_n^2 = (s_between^2 trained_arms + within_one_run) / n (each arm's n runs drawn as now:
+    `within_one_run` is the within-run variance of one run's difference) and df_n = r (n - 1) for
+    the r rows the between-run variance is pooled over (pooled.runs - pooled.df). None when there is
+    no between-run variance or no target, or beyond `limit`."""
     if pooled.var_between <= 0 or target <= 0:
         return None
-    c = critical(z, df) + z_power
-    return max(2, math.ceil(2 * pooled.var_between * (c / target) ** 2))
+    rows = max(1, pooled.runs - pooled.df)
+    per_run = pooled.var_between * trained_arms + max(0.0, within_one_run)
+
+    def detects(n: int) -> bool:
+        df = rows * (n - 1)
+        return (critical(z, df) + _quantile(power, df)) * math.sqrt(per_run / n) <= target
+
+    lo, hi = 2, 2
+    while not detects(hi):  # doubling, then bisection: detects() is monotone in n
+        lo, hi = hi + 1, hi * 2
+        if hi > limit:
+            return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if detects(mid) else (mid + 1, hi)
+    return hi
+
+
+def _quantile(q: float, df: int | float | None) -> float:
+    """Student's t quantile at `df` (the normal's for None / inf)."""
+    if df is None or not math.isfinite(df):
+        return NormalDist().inv_cdf(q)
+    from scipy.stats import t
+
+    return float(t.ppf(q, df))
 
 
 __all__ = ["Pooled", "pooled_between", "replicated_difference", "replicated_accuracy_delta",

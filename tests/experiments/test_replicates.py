@@ -36,7 +36,20 @@ def test_replicated_difference_and_its_critical_value():
     assert se_frozen == pytest.approx(math.sqrt(1 / 3))
     assert M.critical(2.0, None) == 2.0 and M.critical(2.0, 4) == pytest.approx(2.8693, abs=1e-3)
     assert M.critical(2.0, 1e9) == pytest.approx(2.0, abs=1e-6)
-    assert M.runs_needed(pool, 1.0, 2.0, 0.8416, 4) == math.ceil(2 * 1 * (M.critical(2.0, 4) + 0.8416) ** 2)
+    # runs per arm by power at the df those runs give (2 rows pooled: df = 2 (n - 1)), the within-run
+    # term shrinking with the runs too: the smallest n that detects, found by brute force here
+    from scipy.stats import t as student
+
+    def detects(n, within):
+        df = 2 * (n - 1)
+        return (M.critical(2.0, df) + student.ppf(0.8, df)) * math.sqrt((2 * 1.0 + within) / n) <= 1.0
+
+    for within in (0.0, 0.5):
+        want = next(n for n in range(2, 1000) if detects(n, within))
+        assert M.runs_needed(pool, 1.0, 2.0, 0.8, within_one_run=within) == want
+    assert M.runs_needed(pool, 1.0, 2.0, 0.8, within_one_run=0.5) > M.runs_needed(pool, 1.0, 2.0, 0.8)
+    # fixing t at the pool's 4 df for every n (the old rule) asks for more runs than the df n gives
+    assert M.runs_needed(pool, 1.0, 2.0, 0.8) < math.ceil(2 * (M.critical(2.0, 4) + student.ppf(0.8, 4)) ** 2)
 
 
 def test_replicated_accuracy_delta_adds_the_training_term_to_the_example_bootstrap():

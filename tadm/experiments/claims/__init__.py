@@ -111,15 +111,17 @@ own name, that fills the `Claim` it is handed from the `Inputs`.
 from tadm.experiments.claims.catalog import CATALOG, claims, evaluate
 from tadm.experiments.claims.claim import (CHECK, CONTRADICTED, DIRECTION, EQUIVALENCE, FAIL, FINDING_VERDICTS,
                                            INCONCLUSIVE, NON_INFERIORITY, NOT_RUN, NOT_TESTABLE, PASS, REPRODUCED,
-                                           Claim, Entry)
+                                           UNDERPOWERED, Claim, Entry)
 from tadm.experiments.claims.evidence import EVIDENCE, evaluator
-from tadm.experiments.claims.inputs import Inputs, read_inputs
+from tadm.experiments.claims.inputs import Inputs, RecordedInputs, read_inputs
 from tadm.experiments.claims.preconditions import apply_preconditions, preconditions
-from tadm.experiments.claims.report import CAPTION, COLUMNS, rows, summary_markdown, tally, to_markdown, write
+from tadm.experiments.claims.report import (CAPTION, COLUMNS, INPUTS_FILE, rows, summary_markdown, tally, to_markdown,
+                                            write, write_from)
 from tadm.experiments.claims.rules import (Rules, decide, direction, equivalence, exact, families, holm, mde,
-                                           n_for_paper, non_inferiority, p_values, paper_position)
+                                           n_for_paper, non_inferiority, p_values, paper_position, target, underpowered)
 
-__all__ = ["Claim", "Entry", "CATALOG", "EVIDENCE", "evaluator", "Rules", "Inputs", "claims", "evaluate", "decide",
+__all__ = ["Claim", "Entry", "CATALOG", "EVIDENCE", "evaluator", "Rules", "Inputs", "RecordedInputs", "claims",
+           "evaluate", "decide", "target", "underpowered", "write_from", "INPUTS_FILE", "UNDERPOWERED",
            "direction", "equivalence", "non_inferiority", "holm", "families", "p_values", "exact", "mde", "n_for_paper",
            "paper_position", "preconditions", "apply_preconditions", "read_inputs", "rows", "tally", "to_markdown",
            "summary_markdown", "write", "CAPTION", "COLUMNS", "REPRODUCED", "CONTRADICTED", "INCONCLUSIVE",

@@ -9,8 +9,9 @@ from tadm.metrics.replicates import Pooled
 
 # findings
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+UNDERPOWERED = "underpowered at this profile"  # decided by the power rule before the effect is read
 NOT_TESTABLE, NOT_RUN = "not testable", "not run at this profile"
-FINDING_VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_TESTABLE, NOT_RUN)
+FINDING_VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, UNDERPOWERED, NOT_TESTABLE, NOT_RUN)
 # implementation checks
 PASS, FAIL = "pass", "fail"
 
@@ -42,6 +43,11 @@ class Entry:
     covers: str = ""  # the sources of variation the +- covers, where the evidence does not say
     n_unit: str = ""
     rests_on: tuple[str, ...] = ()  # trained checkpoints, where the evidence has no compared rows to name them
+    family: str | None = None  # the Holm family it is tested in, declared here (None: alone)
+    mechanism: bool = False  # a mechanism check (Sec. 3's staleness), not one of the paper's comparative claims
+    speed: bool = False  # a speed finding: judged on its size too (measured / FLOP bound, claims.speed_bound_*)
+    # the paper's own measured / bound at its settings, printed beside this run's (speed findings)
+    paper_bound: str = ""
 
 
 @dataclass
@@ -67,8 +73,20 @@ class Claim:
     judged_by: str | None = None  # "mauve" | "gen_ppl": the judge's metric (judge gates)
     training: Pooled | None = None  # the between-run variance in se (None: none)
     training_arms: tuple[int, int] | None = None  # training runs per side behind value (n_a, n_b; 0: not trained)
+    family: str | None = None  # its declared Holm family (None: alone)
+    mechanism: bool = False
+    speed: bool = False
+    metric: str | None = None  # mauve | log_ppl | accuracy | None
+    # conditions a "reproduced" needs besides the test: (what, met, the verdict when not met)
+    conditions: list[tuple[str, bool, str]] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     @property
     def finding(self) -> bool:
+        """Tested (a paper claim or a mechanism check), not an implementation check."""
         return self.kind != CHECK
+
+    @property
+    def paper_claim(self) -> bool:
+        """One of the paper's comparative claims (counted in the tally)."""
+        return self.finding and not self.mechanism

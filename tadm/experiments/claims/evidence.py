@@ -13,12 +13,11 @@ import numpy as np
 
 from tadm.compute import cached_layer_calls
 from tadm.experiments import throughput
-from tadm.experiments.claims.claim import EQUIVALENCE, NON_INFERIORITY, Claim, Entry
+from tadm.experiments.claims.claim import CONTRADICTED, DIRECTION, EQUIVALENCE, INCONCLUSIVE, NON_INFERIORITY, Claim, Entry
 from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import Rules, exact, paper_position, usable
 from tadm.experiments.table1 import accuracy_delta, between_run
 from tadm.experiments.table2 import ROWS
-from tadm.metrics.bootstrap import paired_log_ppl_ratio, paired_mauve_diff
 from tadm.metrics.replicates import Pooled, replicated_difference
 from tadm.sampling.anchor_cache import PAPER_REFRESH_SCHEDULE
 
@@ -55,9 +54,29 @@ def measure(e: Entry, inp: Inputs, rules: Rules) -> Claim:
 
     c = Claim(e.id, text(e.claim), e.paper, e.kind, test=text(e.test), source=text(e.source), paper_value=e.paper_value,
               margin=MARGIN[e.metric](cfg) if e.kind in (EQUIVALENCE, NON_INFERIORITY) else None, covers=e.covers,
-              n_unit=e.n_unit, rests_on=e.rests_on, judged_by=JUDGE.get(e.metric))
+              n_unit=e.n_unit, rests_on=e.rests_on, judged_by=JUDGE.get(e.metric), family=e.family,
+              mechanism=e.mechanism, speed=e.speed, metric=e.metric)
+    if e.kind == DIRECTION and e.metric in MARGIN:  # a direction finding's smallest effect of interest
+        c.extra["smallest_effect"] = MARGIN[e.metric](cfg)
     EVIDENCE[e.evidence](inp, e, c, rules)
+    if e.speed and usable(c.value):
+        _speed_condition(c, rules, e.paper_bound)
     return c
+
+
+def _speed_condition(c: Claim, rules: Rules, paper_bound: str) -> None:
+    """A speed finding's size: reproduced only when measured / FLOP-bound (its evaluator's
+    c.extra["measured_over_bound"]) lies in [claims.speed_bound_lo, claims.speed_bound_hi]; the
+    paper's own measured / bound at its settings in the notes beside it."""
+    mb = c.extra.get("measured_over_bound")
+    lo, hi = rules.speed_bound_lo, rules.speed_bound_hi
+    if usable(mb):
+        c.conditions.append((f"measured / FLOP-bound {mb:.2f} outside [{lo:g}, {hi:g}]", lo <= mb <= hi, INCONCLUSIVE))
+    else:
+        c.conditions.append(("no FLOP bound counted for this speed-up", False, INCONCLUSIVE))
+    if paper_bound:
+        c.notes = (c.notes + "; " if c.notes else "") + paper_bound + (
+            f" (this run's: {mb:.2f})" if usable(mb) else "")
 
 
 def _fmt(v: float | None, se: float | None = None, digits: int = 3, suffix: str = "") -> str:
@@ -148,9 +167,11 @@ def paired_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
         return
     c.value, c.se, c.n = ratio - 1.0, se, inp.throughput.get("rounds")
     bound = throughput.bound_ratio(inp.throughput, T, a, b)
+    if usable(bound):
+        c.extra["measured_over_bound"] = ratio / bound
     c.shown = (_fmt(ratio, se, 2, "x") + f" (T = {T}, K = {inp.refresh(T)}, batch {inp.throughput.get('batch')}"
                + (f"; measured / FLOP-bound {ratio / bound:.2f}" if usable(bound) else "") + ")")
-    c.notes = f"the paper's {c.paper} lies {paper_position(ratio, se, *e.paper_ratio, rules=rules)}"
+    c.notes = f"{paper_position(ratio, se, *e.paper_ratio, rules=rules)} ({c.paper})"
     one = throughput.batch1_ratio(inp.throughput, T, a, b)
     if one is not None:
         c.notes += f"; at batch 1: {_fmt(one[0], one[1], 2, 'x')}"
@@ -164,7 +185,7 @@ def posttrain_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
     if not inp.table1:
         return
     a, ref = e.rows
-    per, logs, var = [], [], 0.0
+    per, logs, var, mbs = [], [], 0.0, []
     for name, t in inp.table1["tasks"].items():
         m = t["methods"]
         kmax = _kmax(m, a)
@@ -175,13 +196,16 @@ def posttrain_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
         per.append(f"{name}: {_fmt(r, se, 2, 'x')} at K = {kmax}" + (f", measured / FLOP-bound {r / bound:.2f}"
                                                                      if usable(bound) else ""))
         logs.append(math.log(r))
+        mbs.append(math.log(r / bound) if usable(bound) else float("nan"))
         var += (se / r) ** 2 if usable(se) else float("nan")
         c.n = (c.n or 0) + (len(row["seconds"]) if isinstance(row.get("seconds"), list) else 0)
     ratio = math.exp(sum(logs) / len(logs))
     se = ratio * math.sqrt(var) / len(logs) if usable(var) else None
+    if all(map(math.isfinite, mbs)):
+        c.extra["measured_over_bound"] = math.exp(sum(mbs) / len(mbs))  # over several tasks: the geometric mean
     c.value, c.se = ratio - 1.0, se
     c.shown = _fmt(ratio, se, 2, "x") + f" ({'; '.join(per)})"
-    c.notes = f"the paper's {c.paper} lies {paper_position(ratio, se, *e.paper_ratio, rules=rules)}"
+    c.notes = f"{paper_position(ratio, se, *e.paper_ratio, rules=rules)} ({c.paper})"
 
 
 # --------------------------------------------------------------------------- findings: Table 2
@@ -193,21 +217,17 @@ def _replicated(inp: Inputs, metric: str, a_row: str, b_row: str, T: int | None)
     (samples per draw), "runs", "per_seed", "pool", "main" (the tables' run: value, se)}; None when
     a row has no draw. With fewer than two runs of each (no training variance measured) value and
     se are the tables' run's alone and "pool" is None."""
-    A, B = inp.draws(a_row, T), inp.draws(b_row, T)
-    seeds = sorted(set(A) & set(B))
-    if not seeds or inp.params.eval.bootstrap < 2:
+    if T is None or inp.params.eval.bootstrap < 2:
         return None
-    per, var = {}, {}
-    for s in seeds:
-        a, b = A[s], B[s]
-        if metric == "mauve":
-            d, se = paired_mauve_diff(a["reference"], a["features"], b["features"], inp.params.eval.bootstrap)
-        else:
-            d, se = paired_log_ppl_ratio(a["nll"], a["tokens"], b["nll"], b["tokens"], inp.params.eval.bootstrap)
-        per[s], var[s] = d, se * se
+    got = inp.paired_diffs(metric, a_row, b_row, T)
+    seeds = sorted(got["per_seed"])
+    if not seeds:
+        return None
+    per = {s: got["per_seed"][s][0] for s in seeds}
+    var = {s: got["per_seed"][s][1] for s in seeds}
     main = inp.params.seed if inp.params.seed in per else seeds[0]
     pool = inp.pool(metric, T) if len(seeds) >= 2 else None
-    out = {"n": len(A[main]["nll"]), "runs": len(seeds), "per_seed": per, "pool": pool,
+    out = {"n": got["n"], "runs": len(seeds), "per_seed": per, "pool": pool,
            "main": (per[main], math.sqrt(var[main]))}
     if pool is None:
         return out | {"value": per[main], "se": math.sqrt(var[main]), "df": None}
@@ -279,17 +299,18 @@ def refresh_sweep(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
         return
     kmax = max(fixed)
     (n1, T, row, lo), (nk, _, _, hi) = fixed[1], fixed[kmax]
-    a, b = inp.paired(f"samples/sweep/{nk}/{row}", T), inp.paired(f"samples/sweep/{n1}/{row}", T)
-    if a is None or b is None or inp.params.eval.bootstrap < 2:
+    if inp.params.eval.bootstrap < 2:
         return
-    c.value, c.se = paired_log_ppl_ratio(a["nll"], a["tokens"], b["nll"], b["tokens"], inp.params.eval.bootstrap)
-    c.n = len(a["nll"])
+    got = inp.paired_ratio(f"samples/sweep/{nk}/{row}", f"samples/sweep/{n1}/{row}", T)
+    if got is None:
+        return
+    c.value, c.se, c.n = got
     compute = hi["layer_calls"] / lo["layer_calls"]
     c.covers = "samples (paired bootstrap); one trained model on both sides (its variation over training runs not drawn)"
     c.shown = (f"Gen PPL {lo['gen_ppl']:.1f} (K = 1) -> {hi['gen_ppl']:.1f} (K = {kmax}): {_pct(c.value)} "
                f"(± {100 * c.se:.1f} %); MAUVE {lo['mauve']:.3f} -> {hi['mauve']:.3f}; compute {compute:.3f}x")
-    if compute >= 1:
-        c.notes = f"compute did not fall with K ({compute:.3f}x): the layer-call checks say why"
+    c.conditions.append((f"compute did not fall with K ({compute:.3f}x the layer calls of K = 1)", compute < 1,
+                         CONTRADICTED))
 
 
 # --------------------------------------------------------------------------- findings: staleness

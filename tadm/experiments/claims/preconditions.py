@@ -3,13 +3,15 @@ failed one makes them not testable (`apply_preconditions`)."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from tadm.experiments.claims.claim import NOT_RUN, NOT_TESTABLE, Claim
 from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import usable
+
+
+def _model(run: str) -> str:
+    """The trained model a run's metrics belong to: `tadm-s1` (a training replicate) -> `tadm`."""
+    base, _, seed = run.rpartition("-s")
+    return base if base and seed.isdigit() else run
 
 
 def _compared(findings: list[Claim]) -> list[tuple[str, int]]:
@@ -25,8 +27,8 @@ def _genppl_cells(inp: Inputs, findings: list[Claim]) -> dict[str, float]:
     cells = _compared([c for c in findings if c.judged_by == "gen_ppl"])
     several = len({T for _, T in cells}) > 1
     for row, T in cells:
-        for seed, d in inp.draws(row, T).items():
-            out[f"{row} s{seed}" + (f" T{T}" if several else "")] = math.exp(float(np.sum(d["nll"]) / np.sum(d["tokens"])))
+        for seed, ppl in inp.gen_ppl(row, T).items():
+            out[f"{row} s{seed}" + (f" T{T}" if several else "")] = ppl
     for r in inp.sweep:
         for T, m in r["budgets"].items():
             if usable(m.get("gen_ppl")):
@@ -58,7 +60,7 @@ def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
                         "value": m["below_unigram"], "passed": passed, "wanted": wanted,
                         "shown": f"{m['val_nelbo']:.3f} vs {m['unigram_entropy']:.3f} nats/token: "
                                  f"{m['below_unigram']:.2f} below",
-                        "gates": gated(lambda c, name=name: name in c.rests_on)})
+                        "gates": gated(lambda c, model=_model(name): model in c.rests_on)})
     e = inp.evaluator
     judged = lambda metrics: gated(lambda c: c.judged_by in metrics)  # noqa: E731
     if e and inp.params.eval.evaluator == "trained":
@@ -97,7 +99,7 @@ def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
         cells = sorted(_compared(separate), key=lambda cell: (cell[1] is None, cell[1] or 0, cell[0]))
         budgets = list(dict.fromkeys(T for _, T in cells))
         several = len(budgets) > 1
-        counts = {f"{r}" + (f" (T = {T})" if several else ""): len(inp.draws(r, T)) for r, T in cells}
+        counts = {f"{r}" + (f" (T = {T})" if several else ""): len(inp.seeds(r, T)) for r, T in cells}
         metrics = dict.fromkeys(c.extra["compared"]["metric"] for c in separate if "compared" in c.extra)
         pools = {(f"{m} (T = {T})" if several else m): inp.pool(m, T) for T in budgets for m in metrics} \
             if None not in budgets else {}

@@ -43,6 +43,9 @@ class ClaimsConfig:
     # baseline pays costs the FLOP bound does not count
     speed_bound_lo: float = spec(0.85, gt=0.0, le=1.0)
     speed_bound_hi: float = spec(1.25, ge=1.0)
+    # the Gen PPL judge tested on itself: it and the AR model must order Table 2's cells alike, their
+    # Spearman rank correlation at least this (with its corruption ladder and the shuffled-text ratio)
+    judge_ar_rank_min: float = spec(0.7, ge=-1.0, le=1.0)
 
 
 @dataclass

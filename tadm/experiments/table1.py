@@ -540,20 +540,44 @@ def within_run_var(correct_seeds: list[list[int]]) -> float | None:
     return float(1e4 * x.var(axis=0, ddof=1).sum() / (n * n * S))
 
 
+def shared_seeds(rows: dict[str, dict], arms: list[str]) -> bool:
+    """Whether two fusion runs of one arm decoded with the same sampling seeds (a run record
+    without its seeds counts as sharing): their sampling noise is then common to the runs, not
+    independent of them."""
+    for a in arms:
+        seen = [tuple(r.get("seeds") or ()) for r in rows[a]["runs"]]
+        if any(not s for s in seen) or len(set(seen)) < len(seen):
+            return True
+    return False
+
+
 def between_run(rows: dict[str, dict]):
     """The between-run variance (points^2) of the trained rows' run-level accuracies, pooled over
-    the arms -- TADM at every K >= 2 and the control (`tadm.metrics.replicates.pooled_between`), each
-    run's own sampling variance (:func:`within_run_var`) subtracted where every run has two seeds
-    or more -- and the arms' labels; (None, arms) when no arm has two runs."""
+    the arms -- TADM at every K >= 2 and the control (`tadm.metrics.replicates.pooled_between`) --
+    and the arms' labels; (None, arms) when no arm has two runs. Each run's own sampling variance
+    (:func:`within_run_var`) is subtracted only where the runs decoded with sampling seeds of their
+    own and every run has two seeds or more: runs that share their seeds share that noise, and the
+    run-level spread is then taken whole (the conservative side)."""
 
     arms = [label for label, row in rows.items() if trained_row(row) and row.get("runs")]
     values = [[r["accuracy"] for r in rows[a]["runs"]] for a in arms]
     if not any(len(v) >= 2 for v in values):
         return None, arms
     within = [[within_run_var(r["correct_seeds"]) for r in rows[a]["runs"]] for a in arms]
-    if any(w is None for ws in within for w in ws):
+    if any(w is None for ws in within for w in ws) or shared_seeds(rows, arms):
         within = None
     return pooled_between(values, within), arms
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """Welch's comparison of two arms' run-level accuracies (points): (mean a - mean b, se,
+    Welch-Satterthwaite df); None unless both arms have two runs or more."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / ((va ** 2 / (len(a) - 1)) + (vb ** 2 / (len(b) - 1))) if va + vb > 0 else math.inf
+    return statistics.mean(a) - statistics.mean(b), se, df
 
 
 def accuracy_delta(a: dict, b: dict, pooled) -> tuple[float, float]:
@@ -716,9 +740,12 @@ def _notes_of(df) -> str:
             runs = "; ".join(f"{r.method} {r.run_accuracies.replace('/', ', ')}" for r in trained.itertuples())
             pooled = ("" if b.between_var != b.between_var else
                       f" Between-run variance of a run's accuracy, pooled over TADM (K ≥ 2) and the control: "
-                      f"{b.between_var:.2f} pts² (the runs' variance {b.between_var_runs:.2f} minus their mean "
-                      f"sampling variance {b.between_var_within:.2f}; {int(b.between_df)} df); it enters the ± and "
-                      f"every Δ se of a trained row.")
+                      f"{b.between_var:.2f} pts² (" + (
+                          f"the runs' variance {b.between_var_runs:.2f} minus their mean sampling variance "
+                          f"{b.between_var_within:.2f}" if b.between_var_within > 0 else
+                          "the runs' variance taken whole: the runs share their sampling seeds, so their sampling "
+                          "noise is not subtracted") +
+                      f"; {int(b.between_df)} df); it enters the ± and every Δ se of a trained row.")
             out.append(f"**{task}, fusion runs** (training seeds {seeds}; each fusion on the same frozen base, "
                        f"accuracy in %): {runs}.{pooled}")
         bypass = t[(t.family == "tadm") & t.same_as_bypass.notna()]

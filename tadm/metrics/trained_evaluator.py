@@ -29,6 +29,11 @@ validation NLL to ``metrics/evaluator.json``:
                          Gen PPL(word-shuffled) / Gen PPL(held-out), both   should be >= 5
                          per GPT-2 token of the held-out texts
 
+Beside them it records a corruption ladder (``ladder``): the Gen PPL of the held-out texts with a
+growing share of each line's words replaced by random words of the same texts (:data:`LADDER`,
+:func:`word_replaced`). The claims test the judge on it alone: it must rank the rungs in order,
+neighbours apart by more than the Gen PPL margin, over a range that covers the rows it judges.
+
 The Data row's sets are used (eval.reference_samples references, then sample.num_samples
 texts), so the first check is the Data row's MAUVE. The claims table shows the three values
 with their verdict; nothing is hidden when one fails.
@@ -144,6 +149,29 @@ def word_shuffled(texts: list[str], seed: int) -> list[str]:
     return out
 
 
+# the corruption ladder: the share of each held-out line's words replaced by words drawn at random
+# from the held-out texts' own words (their unigram), from none to all
+LADDER = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0)
+
+
+def word_replaced(texts: list[str], fraction: float, seed: int) -> list[str]:
+    """Each text with round(`fraction` x n) of the n words of every line replaced by words drawn
+    uniformly from all the words of `texts` (seeded per text; newlines kept): a graded corruption
+    whose Gen PPL a judge must rank in order (the ladder of :func:`sanity`)."""
+    pool = [w for t in texts for w in t.split()]
+    out = []
+    for i, t in enumerate(texts):
+        rng = random.Random((seed + 7) * 1_000_003 + i)
+        lines = []
+        for line in t.split("\n"):
+            words = line.split()
+            for j in rng.sample(range(len(words)), round(fraction * len(words))) if pool else ():
+                words[j] = rng.choice(pool)
+            lines.append(" ".join(words))
+        out.append("\n".join(lines))
+    return out
+
+
 def train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool = False, log=print) -> dict:
     """Train the evaluator (resuming), save it to models/evaluator, measure its sanity checks.
     The run holds its checkpoint directory's lock throughout (a second run is refused)."""
@@ -229,6 +257,9 @@ def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
     real_ppl, real_features = scorer._ppl_and_features(data_texts)
     shuffled = word_shuffled(data_texts, p.seed)
     shuf_ppl, shuf_features = scorer._ppl_and_features(shuffled)
+    # the corruption ladder: Gen PPL of held-out text with a growing share of its words replaced
+    ladder = [{"fraction": f, "gen_ppl": scorer._ppl_and_features(word_replaced(data_texts, f, p.seed))[0].ppl}
+              for f in LADDER]
     gpt2 = build_gpt2()
     gpt2_tokens = sum(len(gpt2(t)["input_ids"]) for t in data_texts)
     words = sum(len(t.split()) for t in data_texts)  # the same words as the shuffled texts
@@ -241,8 +272,9 @@ def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
               "judge_tokens": int(real_ppl.tokens.sum()), "gpt2_tokens": gpt2_tokens, "words": words}
     passed = {k: (checks[k] >= v if op == ">=" else checks[k] <= v) for k, (op, v) in THRESHOLDS.items()}
     return {"sanity": checks, "sanity_thresholds": {k: f"{op} {v}" for k, (op, v) in THRESHOLDS.items()},
-            "sanity_passed": passed, "sanity_all_passed": all(passed.values())}
+            "sanity_passed": passed, "sanity_all_passed": all(passed.values()), "ladder": ladder}
 
 
-__all__ = ["TRAINED", "MODEL_DIR", "resolve", "build", "train", "train_step", "sanity", "word_shuffled",
+__all__ = ["TRAINED", "MODEL_DIR", "resolve", "build", "train", "train_step", "sanity", "word_shuffled", "word_replaced",
+           "LADDER",
            "validation_nll", "VAL_NLL_HOW"]

@@ -485,6 +485,67 @@ def test_gen_ppl_findings_need_a_judge_that_scores_shuffled_text_worse_than_ever
     assert got["genppl_tadm_vs_remdm"].verdict == C.REPRODUCED
 
 
+def _ladder(root, rungs):
+    e = json.loads((root / "metrics/evaluator.json").read_text())
+    e["ladder"] = [{"fraction": f, "gen_ppl": g} for f, g in zip((0.0, 0.2, 0.5, 1.0), rungs)]
+    (root / "metrics/evaluator.json").write_text(json.dumps(e))
+
+
+def test_the_judge_is_tested_on_itself_by_its_corruption_ladder_and_the_ar_model(run_dir, monkeypatch):
+    p, root = run_dir
+    _evaluator(root, 2.2)  # shuffled held-out text at Gen PPL 27.3, below the rows (55-60): no longer the test
+    _ladder(root, (9.0, 20.0, 45.0, 90.0))  # in order, 0.8 / 0.8 / 0.7 nats apart, spanning the rows' 55-60
+    agree = {}
+    monkeypatch.setattr(C.Inputs, "ar_ppl", lambda self, row, T: agree.get((row, T)))
+    cs, pre = C.evaluate(C.read_inputs(p, root))
+    got = {c.id: c for c in cs}
+    checks = {r["check"].split(" (")[0]: r for r in pre if r["check"].startswith("judge: ")}
+    order = next(r for k, r in checks.items() if k.startswith("judge: ranks its corruption ladder"))
+    span = checks["judge: its ladder spans every row a Gen PPL finding judges"]
+    assert order["passed"] and span["passed"] and not any(k.startswith("judge: word-shuffled") for k in checks)
+    assert set(order["gates"]) == {"genppl_tadm_vs_remdm", "gamma_gen_ppl", "refresh_tradeoff"}
+    assert got["genppl_tadm_vs_remdm"].verdict == C.REPRODUCED  # judged now
+    # (b) the AR model orders Table 2's cells as the judge does
+    gen = {(row, int(T)): cell["gen_ppl"] for row, r in C.read_inputs(p, root).table2.items()
+           for T, cell in r["budgets"].items()}
+    agree.update({k: 2 * v for k, v in gen.items()})  # the same order
+    pre = C.evaluate(C.read_inputs(p, root))[1]
+    rank = next(r for r in pre if r["check"].startswith("judge: orders Table 2's cells"))
+    assert rank["passed"] and rank["value"] == pytest.approx(1.0) and "over 10 cells" in rank["shown"]
+    agree.update({k: 1000 / v for k, v in gen.items()})  # the reverse order
+    cs, pre = C.evaluate(C.read_inputs(p, root))
+    rank = next(r for r in pre if r["check"].startswith("judge: orders Table 2's cells"))
+    assert not rank["passed"] and {c.id: c for c in cs}["gamma_gen_ppl"].verdict == C.NOT_TESTABLE
+    agree.clear()
+    # a ladder out of order, or one that stops short of the rows, fails; the rows are then not judged
+    for rungs, name in (((9.0, 20.0, 19.5, 90.0), "order"), ((9.0, 20.0, 30.0, 40.0), "span")):
+        _ladder(root, rungs)
+        cs, pre = C.evaluate(C.read_inputs(p, root))
+        failed = [r["check"] for r in pre if not r["passed"] and r["check"].startswith("judge: ")]
+        assert len(failed) == 1 and ("ranks" if name == "order" else "spans") in failed[0]
+        assert {c.id: c for c in cs}["genppl_tadm_vs_remdm"].verdict == C.NOT_TESTABLE
+
+
+def test_the_ar_model_scores_a_cells_samples_as_its_own_nll(tmp_path):
+    import torch
+
+    from tadm.losses import ar_nll
+    from tadm.models import build_model
+
+    p = config.load(config.PROFILES_DIR / "default.yaml")
+    torch.manual_seed(0)
+    model = build_model("ar", p.model, 40, 16)
+    model.save_pretrained(tmp_path / "models/ar")
+    x = torch.randint(0, 40, (5, 16))
+    (tmp_path / "samples/mdlm").mkdir(parents=True)
+    np.save(tmp_path / "samples/mdlm/T16.npy", x.numpy())
+    inp = C.Inputs(p, {}, [], None, None, None, {}, None, root=tmp_path)
+    with torch.no_grad():
+        want = math.exp(float(ar_nll(model(x), x).sum()) / (5 * 15))
+    assert inp.ar_ppl("mdlm", 16) == pytest.approx(want, rel=1e-5)
+    assert inp.ar_ppl("sedd", 16) is None and "ar_ppl/mdlm/16" in inp.record
+
+
 # --------------------------------------------------------------------------- Table 1
 
 

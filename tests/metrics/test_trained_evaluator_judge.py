@@ -34,6 +34,22 @@ def test_word_shuffle_moves_no_word_across_lines():
             assert {w[1:] for w in line.split()} == {str(i)}
 
 
+def test_the_corruption_ladder_replaces_a_growing_share_of_each_lines_words():
+    text = "\n".join(f"a{i} b{i} c{i} d{i} e{i} f{i} g{i} h{i} i{i} j{i}" for i in range(20))
+    pool = set(text.split())
+    assert te.word_replaced([text], 0.0, seed=0) == [text]
+    changed = []
+    for f in te.LADDER:
+        out = te.word_replaced([text], f, seed=0)[0]
+        assert out.count("\n") == text.count("\n") and set(out.split()) <= pool  # the layout and the unigram kept
+        lines = [(a.split(), b.split()) for a, b in zip(out.split("\n"), text.split("\n"))]
+        assert all(len(a) == len(b) for a, b in lines)
+        changed.append(sum(x != y for a, b in lines for x, y in zip(a, b)))
+        assert changed[-1] <= round(f * 10) * 20  # at most the share drawn (a draw may hit the word itself)
+        assert te.word_replaced([text], f, seed=0)[0] == out and (f == 0 or te.word_replaced([text], f, seed=1)[0] != out)
+    assert changed == sorted(changed) and changed[-1] > 0.8 * 200
+
+
 def test_validation_nll_is_the_ar_models_val_nelbo_normalisation():
     p = config.override(config.load(config.PROFILES_DIR / "default.yaml"),
                         {"eval.trained.d_model": 16, "eval.trained.n_layers": 1, "eval.trained.n_heads": 2})

@@ -97,7 +97,8 @@ def _row(accs, tps=100.0, calls=300, control=False, k=None, family=None, weighte
            "decoder_seconds": [0.9 * s for s in seconds], "flops": 10.0 * calls, "decoder_flops": 9.0 * calls,
            **({"same_output_as_tadm": same} if family in ("naive", "feature") else {})}
     if family in ("tadm", "control"):
-        row["runs"] = [{"seed": s, "accuracy": sum(a) / len(a), "accuracy_seeds": a, "seeds": list(range(len(a))),
+        row["runs"] = [{"seed": s, "accuracy": sum(a) / len(a), "accuracy_seeds": a,
+                        "seeds": [10 * s + i for i in range(len(a))],  # each run its own sampling seeds
                         "correct_seeds": [[int(i < x) for i in range(100)] for x in a]}
                        for s, a in enumerate([accs, *(runs or [])])]
     return row

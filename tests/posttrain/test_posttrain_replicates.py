@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 import sys
 from argparse import Namespace
@@ -376,6 +377,30 @@ def test_the_training_term_enters_a_trained_rows_delta_and_not_a_caches_vs_the_b
     md = table1.to_markdown(df.reset_index())
     assert f"| {np.mean(runs[1]):.1f} ± {np.sqrt(pool.var_runs):.1f} (3 runs) |" in md
     assert "; 4 df)" in md and "TADM K=2 30.0, 25.0, 35.5" in md and "training seeds 0, 1, 2" in md
+
+
+def test_runs_that_share_their_sampling_seeds_keep_their_whole_spread():
+    """Fusion runs decoded with the same sampling seeds share that noise: nothing is subtracted from
+    the run-level spread (the conservative side), and the sensitivity line is Welch's on the runs."""
+    from tadm.metrics.replicates import pooled_between
+
+    r = replicated()["tasks"]["arithmetic"]
+    own = r["between_run"]
+    shared = replicated()
+    for row in shared["tasks"]["arithmetic"]["methods"].values():
+        for run in row.get("runs") or []:
+            run["seeds"] = list(range(len(run["seeds"])))
+    rows = shared["tasks"]["arithmetic"]["methods"]
+    arms = [table1.CONTROL, "TADM K=2"]
+    assert table1.shared_seeds(rows, arms) and not table1.shared_seeds(r["methods"], arms)
+    pool, _ = table1.between_run(rows)
+    runs = [[x["accuracy"] for x in rows[a]["runs"]] for a in arms]
+    assert pool.var_within == 0 and pool.var_between == pytest.approx(pooled_between(runs).var_runs)
+    assert pool.var_between > own["var_between"]
+    d, se, df = table1.welch(runs[1], runs[0])
+    assert d == pytest.approx(np.mean(runs[1]) - np.mean(runs[0]))
+    assert se == pytest.approx(math.sqrt(np.var(runs[1], ddof=1) / 3 + np.var(runs[0], ddof=1) / 3))
+    assert 2 <= df <= 4 and table1.welch([1.0], runs[0]) is None
 
 
 def test_one_fusion_run_per_row_has_no_training_term():

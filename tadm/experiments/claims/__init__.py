@@ -17,9 +17,12 @@ Two parts
 post-train split's bound): they show that the cache skips the calls it should. Verdict: pass or
 fail (exact). They are not findings and the tally does not count them.
 
-*Findings* are empirical claims. Each has one of three rules (params ``claims``), each a pair of
-one-sided tests whose p-values decide it (Student's t at the se's degrees of freedom where the se
-includes a between-training-run variance, else the normal):
+*Findings* are the paper's comparative claims; *mechanism checks* (``Entry.mechanism``: the cached
+anchor goes stale, the fusion corrects part of it) are what Sec. 3 says happens inside the model,
+decided by the same rules but alone, listed apart and not in the tally. Each gets one of three
+rules (params ``claims``), each a pair of one-sided tests whose p-values decide it (Student's t at
+the se's degrees of freedom where the se includes a between-training-run variance, else the
+normal):
 
     direction        the effect points the paper's way: reproduced when effect > 0 at level
                      1 - Phi(z) (z = claims.z, 2: beyond 2 se for a normal se), contradicted when
@@ -32,23 +35,33 @@ includes a between-training-run variance, else the normal):
                      log ratio within log 1.05)
     non-inferiority  "matches or improves": the one-sided half of the same test
 
-Throughput findings are direction findings (faster beyond the rule), shown with their measured /
-FLOP-bound ratio; the paper's figure is shown for reference and not judged (a CPU ratio at T = 64
-is not the paper's GPU quantity).
+*Power first* (claims.power_rule "mde"): before the effect is read, a finding whose minimum
+detectable effect at this run's n ((crit + power quantile) x se, from the se alone; `rules.mde`)
+exceeds its target (`rules.target`: the equivalence margin; the paper's effect of a direction
+finding, else its metric's margin; the margin plus the paper's improvement for non-inferiority) is
+*underpowered at this profile*, with the training runs per arm (or samples) that would decide it.
 
-*Several findings at once* (claims.family_rule "holm"): findings that rest on a common trained
-checkpoint form a family (connected through shared checkpoints; speed findings rest on none);
-within a family each side's p-values (reproduced, contradicted) are Holm-adjusted (step-down,
-m = the family's testable findings) before the level is applied.
+*Speed findings* (``Entry.speed``) are direction findings judged on their size too: reproduced
+only when measured / FLOP-bound lies in [claims.speed_bound_lo, claims.speed_bound_hi] (else
+inconclusive), the paper's own measured / bound at its settings printed beside (`catalog`). A
+finding's other counted conditions (the sweep's compute falling with K) contradict it when unmet.
+
+*Several findings at once* (claims.family_rule "holm"): each finding's family is declared in the
+catalog (``Entry.family``: "pretraining", "posttrain"); within a family each side's p-values
+(reproduced, contradicted) are Holm-adjusted before the level is applied, m the family's declared
+size, whatever a precondition or the power rule removed (those count as p = 1).
 
 *Preconditions*, each naming the findings it gates; a failed one makes them *not testable*:
-a compared model above its quality line (validation NELBO less than 1 nat below the unigram
-entropy; the AR model below every diffusion model's); a judge weaker than what it judges (the
-trained evaluator's validation NLL not below every scored model's); the judge's own sanity checks
-(MAUVE of data vs data and vs word-shuffled data; Gen PPL of word-shuffled held-out text higher
-than every row a Gen PPL finding judges); and a measured training variance for every finding that
-compares separately trained models (at least two training runs of each compared model drawn at
-the finding's budget). A finding is *not run at this profile* when an input was not produced.
+every training run of a compared model above its quality line (validation NELBO less than 1 nat
+below the unigram entropy; the AR model below every diffusion model's); a judge weaker than what it
+judges (the trained evaluator's validation NLL not below every scored model's); the judge tested on
+itself (MAUVE of data vs data and vs word-shuffled data; the shuffled-text Gen PPL ratio; its
+corruption ladder of held-out text ranked in order, neighbours apart by more than the Gen PPL
+margin, spanning every row a Gen PPL finding judges; its order of Table 2's cells against the AR
+model's, Spearman at least claims.judge_ar_rank_min); and a measured training variance for every
+finding that compares separately trained models (at least two training runs of each compared
+model drawn at the finding's budget). A finding is *not run at this profile* when an input was not
+produced.
 
 Uncertainty
 -----------
@@ -67,8 +80,10 @@ Every +- is computed on the difference itself and names what it covers:
   throughput stage times every row in turns; Table 1 over prompt batches);
 - accuracy differences (Table 1's own estimator, `tadm.experiments.table1.accuracy_delta`): the
   per-example difference of means over fusion runs and sampling seeds, bootstrapped over examples,
-  plus the pooled between-run variance of the trained fusions' run-level accuracies (each run's
-  sampling variance subtracted) for each trained side; pooled over every task of posttrain.tasks
+  plus the pooled between-run variance of the trained fusions' run-level accuracies for each
+  trained side (each run's sampling variance subtracted only where the runs decoded with sampling
+  seeds of their own; runs sharing their seeds keep their whole spread), with the run-level
+  comparison alone (Welch where both sides have runs) in the notes as a sensitivity line; pooled over every task of posttrain.tasks
   (their examples together), with each task's figure in the notes;
 - staleness: bootstraps over the trajectories' sequences, not their (autocorrelated) steps.
 
@@ -88,7 +103,8 @@ The package
 ``evidence``       one evaluator per shape of evidence, registered by name (`EVIDENCE`)
 ``catalog``        the paper's claims, one `Entry` each (`CATALOG`), and `evaluate`
 ``preconditions``  what the verdicts rest on
-``report``         claims.{md,csv}, claims_summary.md (`write`)
+``report``         claims.{md,csv}, claims_summary.md, claims_inputs.json (`write`); the first three
+                   again from the last alone (`write_from`, ``python -m tadm claims --from``)
 
 Adding a claim
 --------------
@@ -98,7 +114,7 @@ named. A Table 2 comparison in the direction rule, for instance::
     Entry("genppl_tadm_below_remdm", "TADM‡ Gen PPL below ReMDM's at T = 2048", "21.70 vs 22.8",
           "table2_quality", metric="log_ppl", rows=("tadm", "remdm"), budget=2, sign=-1,
           paper_value=math.log(22.8 / 21.70), test="log(PPL ReMDM / PPL TADM‡) > 0",
-          source="samples/{{tadm,remdm}} (T{T})", n_unit="samples per run")
+          source="samples/{{tadm,remdm}} (T{T})", n_unit="samples per run", family="pretraining")
 
 is measured over the training runs of both rows, gated by the preconditions (the models' quality
 lines, the judge, the training variance) and decided with the others of its family, like the

@@ -16,7 +16,7 @@ from tadm.experiments import throughput
 from tadm.experiments.claims.claim import CONTRADICTED, DIRECTION, EQUIVALENCE, INCONCLUSIVE, NON_INFERIORITY, Claim, Entry
 from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import Rules, exact, paper_position, usable
-from tadm.experiments.table1 import accuracy_delta, between_run
+from tadm.experiments.table1 import accuracy_delta, between_run, shared_seeds, welch
 from tadm.experiments.table2 import ROWS
 from tadm.metrics.replicates import Pooled, replicated_difference
 from tadm.sampling.anchor_cache import PAPER_REFRESH_SCHEDULE
@@ -453,6 +453,26 @@ def _t1_accuracy(inp: Inputs, c: Claim, family: str, k: int, ref_family: str) ->
     c.shown = (f"{_fmt(c.value, c.se, 1, ' pts')}{_df(c)} (K = {k} vs {'the ' + ref_family if ref_family in ('base', 'control') else ref[0]}"
                f"; {len(tasks)} task{'s' if len(tasks) > 1 else ''} pooled, {c.n} examples)")
     c.notes = "; ".join(f"{name}: {_fmt(d, se, 1, ' pts')} ({n} examples)" for name, (d, se, n) in per.items())
+    c.notes += _run_level(list(tasks.values()), a[0], ref[0])
+
+
+def _run_level(tasks: list[dict], a: str, ref: str) -> str:
+    """The sensitivity line: the difference of run-level accuracies with the se from the runs'
+    spread alone (Welch where both sides have two runs or more; else one side's runs against the
+    other's one figure), and whether the runs share their sampling seeds."""
+    rows = _t1_merged(tasks)
+    runs = lambda r: [x["accuracy"] for x in rows[r].get("runs") or []]  # noqa: E731
+    ra, rb = runs(a), runs(ref)
+    got = welch(ra, rb)
+    if got is None and len(ra) >= 2:
+        b = rb[0] if rb else 100.0 * float(np.mean(rows[ref]["correct_seeds"]))
+        got = (float(np.mean(ra)) - b, float(np.std(ra, ddof=1)) / math.sqrt(len(ra)), len(ra) - 1)
+    if got is None:
+        return ""
+    arms = [r for r in (a, ref) if rows[r].get("runs")]
+    shared = "the runs share their sampling seeds" if shared_seeds(rows, arms) else "each run its own sampling seeds"
+    return (f"; sensitivity, run-level accuracies alone ({shared}): {got[0]:+.1f} pts ± {got[1]:.1f} pts, "
+            f"{got[2]:.1f} df" + (" (Welch)" if len(rb) >= 2 else ""))
 
 
 def _posttrain_rests_on(*families: str) -> tuple[str, ...]:

@@ -91,6 +91,34 @@ class Inputs:
 
         return self._kept(f"paired_ratio/{a_dir}/{b_dir}/{T}", compute)
 
+    def ar_ppl(self, row: str, T: int) -> float | None:
+        """The AR model's perplexity of `row`'s samples at T (the tables' run: samples/<row>/T<T>.npy,
+        scored by models/ar: exp of the mean next-token NLL over every position after the first),
+        a second judge's view of the same cell; None when the samples or the AR model are absent."""
+
+        def compute():
+            import torch
+
+            from tadm.losses import ar_nll
+            from tadm.models.base import load_pretrained
+
+            path, model_dir = self.root / "samples" / row / f"T{T}.npy", self.root / "models" / "ar"
+            if not path.is_file() or not (model_dir / "config.json").is_file():
+                return None
+            if "ar_model" not in self._pools:
+                self._pools["ar_model"] = load_pretrained(model_dir)
+            model = self._pools["ar_model"]
+            x = torch.from_numpy(np.load(path, allow_pickle=False)).long()
+            if x.ndim != 2 or not 2 <= x.shape[1] <= model.seq_len or int(x.max()) >= model.vocab_size:
+                return None  # not a token canvas the AR model reads (e.g. mask ids left)
+            nll = 0.0
+            with torch.no_grad():
+                for chunk in x.split(64):
+                    nll += float(ar_nll(model(chunk), chunk).sum())
+            return math.exp(nll / (x.shape[0] * (x.shape[1] - 1)))
+
+        return self._kept(f"ar_ppl/{row}/{T}", compute)
+
     def gen_ppl(self, row: str, T: int) -> dict[int, float]:
         """seed -> Gen PPL of `row`'s draw at T (exp of the mean NLL per token)."""
         return self._kept(f"gen_ppl/{row}/{T}", lambda: {
@@ -222,6 +250,8 @@ def _decode(key: str, v):
         return None if v is None else tuple(v)
     if kind == "gen_ppl":
         return {int(s): x for s, x in v.items()}
+    if kind == "ar_ppl":
+        return v
     raise DataError(f"claims inputs: unknown record {key!r}")
 
 

@@ -3,6 +3,8 @@ failed one makes them not testable (`apply_preconditions`)."""
 
 from __future__ import annotations
 
+import math
+
 from tadm.experiments.claims.claim import NOT_RUN, NOT_TESTABLE, Claim
 from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import usable
@@ -34,6 +36,54 @@ def _genppl_cells(inp: Inputs, findings: list[Claim]) -> dict[str, float]:
             if usable(m.get("gen_ppl")):
                 out[f"sweep {r['_name']}"] = m["gen_ppl"]
     return out
+
+
+def _ladder_checks(ladder: list[dict], cells: dict[str, float], margin: float, gates: list[str]) -> list[dict]:
+    """The judge's Gen PPL on its corruption ladder (held-out text, a growing share of its words
+    replaced: tadm.metrics.trained_evaluator.LADDER): (a) it ranks the rungs in order, neighbours
+    apart by more than log(1 + margin), the Gen PPL findings' own margin; (b) the rungs span the
+    Gen PPL of every cell a Gen PPL finding judges, so the order it shows is the order it needs."""
+    ppl = [r["gen_ppl"] for r in ladder]
+    steps = [math.log(b / a) for a, b in zip(ppl, ppl[1:])]
+    need = math.log(1 + margin)
+    rungs = " < ".join(f"{x:.1f}" for x in ppl)
+    shares = "/".join(f"{r['fraction']:g}" for r in ladder)
+    lo, hi = min(cells.values()), max(cells.values())
+    return [{"check": "judge: ranks its corruption ladder in order (held-out text, a growing share of words replaced), "
+                      "neighbours apart by more than the Gen PPL margin",
+             "value": min(steps) if steps else None, "passed": bool(steps) and min(steps) > need,
+             "wanted": f"every step > log(1 + {margin:g}) = {need:.3f}",
+             "shown": f"{rungs} (words replaced {shares}); smallest step {min(steps):.3f}" if steps else rungs,
+             "gates": gates},
+            {"check": "judge: its ladder spans every row a Gen PPL finding judges", "value": ppl[-1] if ppl else None,
+             "passed": bool(ppl) and min(ppl) <= lo and max(ppl) >= hi,
+             "wanted": f"from <= {lo:.1f} to >= {hi:.1f} (the {len(cells)} judged cells)",
+             "shown": f"{min(ppl):.1f}-{max(ppl):.1f} (the rows: {lo:.1f}-{hi:.1f})", "gates": gates}]
+
+
+def _judge_agrees_with_ar(inp: Inputs, gates: list[str]) -> dict | None:
+    """The judge's Gen PPL and the AR model's perplexity order Table 2's cells (every diffusion row
+    at every budget, the tables' run) alike: Spearman's rank correlation at least
+    claims.judge_ar_rank_min. None when fewer than three cells have both."""
+    from scipy.stats import spearmanr
+
+    pairs = {}
+    for row, r in sorted(inp.table2.items()):
+        if row in ("ar", "data"):
+            continue
+        for T, cell in sorted(r["budgets"].items(), key=lambda kv: int(kv[0])):
+            ar = inp.ar_ppl(row, int(T))
+            if usable(cell.get("gen_ppl")) and ar is not None and usable(ar):
+                pairs[f"{row} T{T}"] = (cell["gen_ppl"], ar)
+    if len(pairs) < 3:
+        return None
+    rho = float(spearmanr([a for a, _ in pairs.values()], [b for _, b in pairs.values()]).statistic)
+    line = inp.params.claims.judge_ar_rank_min
+    return {"check": "judge: orders Table 2's cells as the AR model does (Spearman's rank correlation of Gen PPL and "
+                     "the AR model's perplexity of the same samples)", "value": rho,
+            "passed": usable(rho) and rho >= line, "wanted": f">= {line:g} (claims.judge_ar_rank_min)",
+            "shown": f"{rho:.3f} over {len(pairs)} cells (AR perplexity {min(b for _, b in pairs.values()):.1f}-"
+                     f"{max(b for _, b in pairs.values()):.1f})", "gates": gates}
 
 
 def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
@@ -86,7 +136,13 @@ def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
                             "gates": judged(("mauve",) if k.startswith("mauve") else ("gen_ppl",))})
         shuffled = sanity.get("gen_ppl_shuffled")
         cells = _genppl_cells(inp, findings)
-        if usable(shuffled) and cells:
+        ladder = e.get("ladder")
+        if ladder and cells:  # the judge tested on itself: a corruption ladder of held-out text
+            out += _ladder_checks(ladder, cells, inp.params.claims.margin_gen_ppl_rel, judged(("gen_ppl",)))
+            agree = _judge_agrees_with_ar(inp, judged(("gen_ppl",)))
+            if agree is not None:
+                out.append(agree)
+        elif usable(shuffled) and cells:  # a record without the ladder: the rows against word salad
             top = max(cells, key=cells.get)
             out.append({"check": "judge: word-shuffled held-out text scores a higher Gen PPL than every row a Gen PPL "
                                  "finding judges", "value": shuffled, "passed": shuffled > cells[top],

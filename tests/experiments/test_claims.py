@@ -485,19 +485,18 @@ def test_gen_ppl_findings_need_a_judge_that_scores_shuffled_text_worse_than_ever
     assert got["genppl_tadm_vs_remdm"].verdict == C.REPRODUCED
 
 
-def _ladder(root, rungs):
-    e = json.loads((root / "metrics/evaluator.json").read_text())
-    e["ladder"] = [{"fraction": f, "gen_ppl": g} for f, g in zip((0.0, 0.2, 0.5, 1.0), rungs)]
-    (root / "metrics/evaluator.json").write_text(json.dumps(e))
+def _ladder(inp, rungs):
+    inp.evaluator["ladder"] = [{"fraction": f, "gen_ppl": g} for f, g in zip((0.0, 0.2, 0.5, 1.0), rungs)]
 
 
 def test_the_judge_is_tested_on_itself_by_its_corruption_ladder_and_the_ar_model(run_dir, monkeypatch):
     p, root = run_dir
     _evaluator(root, 2.2)  # shuffled held-out text at Gen PPL 27.3, below the rows (55-60): no longer the test
-    _ladder(root, (9.0, 20.0, 45.0, 90.0))  # in order, 0.8 / 0.8 / 0.7 nats apart, spanning the rows' 55-60
+    inp = C.read_inputs(p, root)  # one Inputs throughout: its record keeps the bootstraps between the variants
+    _ladder(inp, (9.0, 20.0, 45.0, 90.0))  # in order, 0.8 / 0.8 / 0.7 nats apart, spanning the rows' 55-60
     agree = {}
     monkeypatch.setattr(C.Inputs, "ar_ppl", lambda self, row, T: agree.get((row, T)))
-    cs, pre = C.evaluate(C.read_inputs(p, root))
+    cs, pre = C.evaluate(inp)
     got = {c.id: c for c in cs}
     checks = {r["check"].split(" (")[0]: r for r in pre if r["check"].startswith("judge: ")}
     order = next(r for k, r in checks.items() if k.startswith("judge: ranks its corruption ladder"))
@@ -506,21 +505,20 @@ def test_the_judge_is_tested_on_itself_by_its_corruption_ladder_and_the_ar_model
     assert set(order["gates"]) == {"genppl_tadm_vs_remdm", "gamma_gen_ppl", "refresh_tradeoff"}
     assert got["genppl_tadm_vs_remdm"].verdict == C.REPRODUCED  # judged now
     # (b) the AR model orders Table 2's cells as the judge does
-    gen = {(row, int(T)): cell["gen_ppl"] for row, r in C.read_inputs(p, root).table2.items()
-           for T, cell in r["budgets"].items()}
+    gen = {(row, int(T)): cell["gen_ppl"] for row, r in inp.table2.items() for T, cell in r["budgets"].items()}
     agree.update({k: 2 * v for k, v in gen.items()})  # the same order
-    pre = C.evaluate(C.read_inputs(p, root))[1]
+    pre = C.evaluate(inp)[1]
     rank = next(r for r in pre if r["check"].startswith("judge: orders Table 2's cells"))
     assert rank["passed"] and rank["value"] == pytest.approx(1.0) and "over 10 cells" in rank["shown"]
     agree.update({k: 1000 / v for k, v in gen.items()})  # the reverse order
-    cs, pre = C.evaluate(C.read_inputs(p, root))
+    cs, pre = C.evaluate(inp)
     rank = next(r for r in pre if r["check"].startswith("judge: orders Table 2's cells"))
     assert not rank["passed"] and {c.id: c for c in cs}["gamma_gen_ppl"].verdict == C.NOT_TESTABLE
     agree.clear()
     # a ladder out of order, or one that stops short of the rows, fails; the rows are then not judged
     for rungs, name in (((9.0, 20.0, 19.5, 90.0), "order"), ((9.0, 20.0, 30.0, 40.0), "span")):
-        _ladder(root, rungs)
-        cs, pre = C.evaluate(C.read_inputs(p, root))
+        _ladder(inp, rungs)
+        cs, pre = C.evaluate(inp)
         failed = [r["check"] for r in pre if not r["passed"] and r["check"].startswith("judge: ")]
         assert len(failed) == 1 and ("ranks" if name == "order" else "spans") in failed[0]
         assert {c.id: c for c in cs}["genppl_tadm_vs_remdm"].verdict == C.NOT_TESTABLE

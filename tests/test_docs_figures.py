@@ -162,7 +162,8 @@ def claim(cid: str) -> dict:
 def verdicts() -> str:
     """The findings' verdict counts as the claims stage words them."""
     found = [r["verdict"] for r in rows("paper_figures/claims.csv") if r["part"] == "finding"]
-    return ", ".join(f"{found.count(v)} {v}" for v in ("reproduced", "contradicted", "inconclusive"))
+    return ", ".join(f"{found.count(v)} {v}" for v in ("reproduced", "contradicted", "inconclusive",
+                                                       "underpowered at this profile"))
 
 
 def verdict_of(*cids: str) -> str:

@@ -712,6 +712,13 @@ def test_the_claims_recompute_byte_for_byte_from_their_inputs_file_alone(run_dir
     p, root = run_dir
     _throughput(root, 1.5, 0.05, 1.6, batch1=(1.1, 0.1))
     _table1(root, {"arithmetic": 300})
+    # training metrics of the main runs and their replicates: their preconditions keep one order both ways
+    (root / "metrics/train/replicates").mkdir(parents=True)
+    good = {"below_unigram": 1.3, "unigram_entropy": 4.2, "val_nelbo": 2.9, "model_type": "mdlm"}
+    for name in ("tadm_gamma0", "tadm", "mdlm"):
+        (root / f"metrics/train/{name}.json").write_text(json.dumps(good))
+    for name in ("tadm_gamma0-s1", "mdlm-s2", "tadm-s1"):
+        (root / f"metrics/train/replicates/{name}.json").write_text(json.dumps(good))
     out = root / "paper_figures"
     C.write(p, root, out=out)
     inputs = out / C.INPUTS_FILE

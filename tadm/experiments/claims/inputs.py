@@ -288,6 +288,7 @@ def read_inputs(p: Params, root: Path = Path(".")) -> Inputs:
     train = {f.stem: json.loads(f.read_text()) for f in sorted((root / "metrics" / "train").glob("*.json"))
              if f.stem != "jobs"}
     train |= {f.stem: json.loads(f.read_text()) for f in sorted((root / "metrics" / "train" / "replicates").glob("*.json"))}
+    train = dict(sorted(train.items()))  # by name, as claims_inputs.json keeps them: the recomputation's order
     return Inputs(p, table2, sweep, _json(root / "metrics" / "compute_column.json"), _json(root / "results" / "table1.json"),
                   staleness, train, _json(root / "metrics" / "evaluator.json"), _json(root / "results" / "throughput.json"),
                   root)

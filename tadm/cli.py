@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +21,17 @@ CORPUS_DIR = Path("data/corpus")
 TOKENIZER_DIR = Path("data/tokenizer")
 PACKED_DIR = Path("data/packed")
 SFT_DIR = Path("data/sft")
+
+
+def _block_index(text: str) -> int:
+    """--block: a timing block's index, a whole number >= 0 (argparse's one-line error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _params(args) -> config.Params:
@@ -345,6 +357,18 @@ def cmd_compute_column(args) -> None:
     print(to_markdown(rows))
 
 
+def cmd_table1_speed(args) -> None:
+    """Table 1's timing block --block B (tadm.experiments.table1.time_block): every main row on the
+    block's own prompt batches and sampling seed, timed in turns, nothing scored."""
+    from tadm.experiments import table1
+
+    result = table1.time_block(_params(args), args.block, root=Path(args.root), sft_dir=Path(args.sft),
+                               out=Path(args.out) if args.out else None, control=not args.no_control)
+    print(json.dumps({"block": args.block, "seconds": round(result["seconds"], 1),
+                      "throughput_x": {t: {k: round(v["throughput_x"], 3) for k, v in r["methods"].items()}
+                                       for t, r in result["results"].items()}}))
+
+
 def cmd_replicates(args) -> None:
     """The training replicates' draws: sample.replicate_rows from every replicate of their model
     (tadm.experiments.replicates)."""
@@ -358,17 +382,42 @@ def cmd_replicates(args) -> None:
 
 
 def cmd_throughput(args) -> None:
-    """Table 2's tokens/s: every row that samples timed in turns in one process, paired ratios vs
-    ADLM and MDLM (tadm.experiments.throughput)."""
-    from tadm.data.tokenizer import load_tokenizer
+    """Table 2's tokens/s (tadm.experiments.throughput). With --block B: timing block B alone (one
+    process: every row that samples timed in turns from the block's batch seed and step window)
+    written to --out. Without: the blocks in --blocks combined into --out and --table, each block
+    first run in its own process when --run-blocks is given."""
+    from tadm.errors import DataError
     from tadm.experiments import throughput
+    from tadm.io import atomic_write_json
 
-    result = throughput.run(_params(args), models_dir=args.models, bos_id=load_tokenizer(args.tokenizer).bos_token_id,
-                            rows=args.rows, out=Path(args.out))
-    throughput.write_table(result, Path(args.table))
+    p = _params(args)
+    if args.block is not None:
+        from tadm.data.tokenizer import load_tokenizer
+
+        out = Path(args.out or throughput.block_path(args.block, args.blocks))
+        result = throughput.run(p, models_dir=args.models, bos_id=load_tokenizer(args.tokenizer).bos_token_id,
+                                rows=args.rows, out=out, block=args.block)
+        if args.table:
+            throughput.write_table(result, Path(args.table))
+        print(json.dumps({"block": args.block, "out": str(out), "seconds": round(result["seconds"], 1)}))
+        return
+    if args.run_blocks:
+        for b in range(p.sample.throughput_blocks):  # each block in its own process
+            cmd = [sys.executable, "-m", "tadm", "--params", args.params, "throughput", "--block", str(b),
+                   "--models", args.models, "--tokenizer", args.tokenizer, "--blocks", args.blocks, "--table", ""]
+            if args.rows:
+                cmd += ["--rows", *args.rows]
+            if subprocess.run(cmd).returncode != 0:
+                raise DataError(f"throughput: block {b} failed (its command: {' '.join(cmd)})")
+    blocks = throughput.load_blocks(args.blocks)
+    if len(blocks) != p.sample.throughput_blocks:
+        raise DataError(f"{args.blocks} holds {len(blocks)} timing blocks, sample.throughput_blocks is "
+                        f"{p.sample.throughput_blocks}: run the missing ones (python -m tadm throughput --block B)")
+    result = throughput.combine(blocks, args.blocks)
+    atomic_write_json(Path(args.out or throughput.OUT), result)
+    throughput.write_table(result, Path(args.table or throughput.TABLE))
     for T, budget in result["budgets"].items():
-        print(json.dumps({"T": int(T), "tokens_per_s": {r: round(b["tokens_per_s_median"], 1)
-                                                       for r, b in budget["rows"].items()},
+        print(json.dumps({"T": int(T), "tokens_per_s": {r: round(b["tokens_per_s"], 1) for r, b in budget["rows"].items()},
                           "vs_adlm": {r: b["vs"].get("adlm", {}).get("ratio") for r, b in budget["rows"].items()}}))
 
 
@@ -511,14 +560,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (the references and the Data row)")
     p.set_defaults(func=cmd_replicates)
 
-    p = sub.add_parser("throughput", help="Table 2's tokens/s: every row that samples timed in turns in one process "
-                       "(results/throughput.json, paper_figures/table2_throughput.md)")
+    p = sub.add_parser("throughput", help="Table 2's tokens/s: with --block B one timing block (every row that samples "
+                       "timed in turns in one process); without, the blocks combined (results/throughput.json, "
+                       "paper_figures/table2_throughput.md)")
+    p.add_argument("--block", type=_block_index, default=None,
+                   help="time block B alone (0 <= B < sample.throughput_blocks) and write it to --out "
+                        "(default: <--blocks>/block_B.json)")
+    p.add_argument("--blocks", default=str(Path("results/throughput")), help="the timing blocks' folder")
+    p.add_argument("--run-blocks", action="store_true",
+                   help="run every block first, each in its own process (the pipeline runs them as stages)")
     p.add_argument("--models", default="models", help="the trained models' directory (models/<row's model>)")
     p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
-    p.add_argument("--out", default="results/throughput.json")
-    p.add_argument("--table", default="paper_figures/table2_throughput.md")
+    p.add_argument("--out", default=None, help="default: results/throughput.json (a block: <--blocks>/block_B.json)")
+    p.add_argument("--table", default=None, help="default: paper_figures/table2_throughput.md (a block: none)")
     p.add_argument("--rows", nargs="+", default=None, help="time only these Table 2 rows (default: every row that samples)")
     p.set_defaults(func=cmd_throughput)
+
+    p = sub.add_parser("table1-speed", help="Table 1's timing block B: every main row timed in turns on the block's "
+                       "own prompt batches and seed, nothing scored (results/table1_speed/block_B.json)")
+    p.add_argument("--block", type=_block_index, required=True,
+                   help="1 <= B < posttrain.speed_blocks (block 0 is the table1 stage's scored pass)")
+    p.add_argument("--root", default=".", help="where models/dg_* are")
+    p.add_argument("--sft", default=str(SFT_DIR))
+    p.add_argument("--out", default=None, help="default: <root>/results/table1_speed/block_B.json")
+    p.add_argument("--no-control", action="store_true", help="leave out the fresh-anchor control (models/dg_fresh)")
+    p.set_defaults(func=cmd_table1_speed)
 
     p = sub.add_parser("dg-base", help="train the small DiffusionGemma of the default profile on the SFT canvases")
     p.add_argument("--sft", default=str(SFT_DIR))
@@ -574,8 +640,22 @@ def output_paths(args) -> list[tuple[str, Path, str, tuple[str, ...] | None]]:
         return [("--out", Path(out), "dir", None), *(("--out", Path(out) / f"table2_compute.{ext}", "file", None)
                                                      for ext in ("csv", "md")),
                 ("--metrics", Path(args.metrics), "file", None)]
+    if command == "table1-speed":
+        from tadm.experiments.table1 import SPEED_DIR, speed_block_path
+
+        return [("--out", Path(out) if out else speed_block_path(args.block, Path(args.root) / SPEED_DIR), "file", None)]
     if command == "throughput":
-        return [("--out", Path(out), "file", None), ("--table", Path(args.table), "file", None)]
+        from tadm.experiments import throughput
+
+        if args.block is not None:
+            paths = [("--out", Path(out or throughput.block_path(args.block, args.blocks)), "file", None)]
+        else:
+            paths = [("--out", Path(out or throughput.OUT), "file", None)]
+        if args.table or args.block is None:
+            paths.append(("--table", Path(args.table or throughput.TABLE), "file", None))
+        if args.block is not None or args.run_blocks:
+            paths.append(("--blocks", Path(args.blocks), "dir", None))
+        return paths
     return []
 
 

@@ -25,6 +25,7 @@ TRAIN_STAGES = DATA_STAGES + ("train",)
 ROWS = ("data", "ar", "sedd", "mdlm", "mdlm_fb", "mdlm_dfm", "remdm", "adlm", "tadm_gamma0", "tadm", "tadm_nofusion")
 STAGES = (TRAIN_STAGES + tuple(f"sample@{r}" for r in ROWS)
           + ("replicates", "throughput", "sweep", "staleness", "tables", "compute_column")
+          + tuple(f"throughput_block@b{i}" for i in range(3)) + ("table1_speed@b1", "table1_speed@b2")
           + ("table1", "asrd", "claims", "stage_times"))
 FIGURES = ("table2.md", "table2.csv", "table2_runs.md", "table2_runs.csv", "refresh_sweep.md", "refresh_sweep.csv", "tradeoff.png", "tradeoff.pdf",
            "anchor_staleness.png", "anchor_staleness.pdf", "anchor_staleness.md", "table2_compute.md",
@@ -197,7 +198,7 @@ def test_papermill_table1_with_another_k(repo, tmp_path):
     out = tmp_path / "t1.json"
     run([sys.executable, "-m", "papermill", "--no-progress-bar", "notebooks/table1.ipynb", str(tmp_path / "t1.ipynb"),
          "-p", "K", "4", "-p", "results_path", str(out), "-p", "out_dir", str(tmp_path / "fig"),
-         "-p", "metrics_path", str(tmp_path / "m.json")], repo)
+         "-p", "metrics_path", str(tmp_path / "m.json"), "-p", "speed_blocks_dir", ""], repo)
     methods = json.loads(out.read_text())["tasks"]["arithmetic"]["methods"]
     # the training-free caches follow K: they run at TADM's budget
     assert sorted(methods) == ["Base", "Control (fresh anchor)", "Feature cache K=4", "Naive reuse K=4", "TADM K=4"]

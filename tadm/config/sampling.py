@@ -41,13 +41,16 @@ class SampleConfig:
     t_on: float = spec(0.55, gt=0.0, le=1.0)
     t_off: float = spec(0.05, ge=0.0, lt=1.0)
     alpha_on: float = spec(0.9, gt=0.0, lt=1.0)
-    # the throughput stage (tadm.experiments.throughput): every row that samples timed in turns in
-    # one process, throughput_rounds paired rounds at batch throughput_batch (0: batch_size), each
-    # timing whole refresh cycles (lcm of the budgets' K steps) from one mid-trajectory state per row
-    # and budget; then throughput_batch1_rounds rounds of the same at batch 1 (0: none)
-    throughput_rounds: int = spec(10, ge=1)
+    # the throughput stage (tadm.experiments.throughput): throughput_blocks timing blocks, each its
+    # own process (stages throughput_block@b<i>) with its own batch seed and step window; in a block
+    # every row that samples is timed in turns, throughput_rounds paired rounds at batch
+    # throughput_batch (0: batch_size), each timing whole refresh cycles (lcm of the budgets' K
+    # steps) from one mid-trajectory state per row and budget; then throughput_batch1_rounds rounds
+    # of the same at batch 1 (0: none). The ratios combine the blocks (mean log ratio, se on B - 1 df)
+    throughput_blocks: int = spec(3, ge=1)
+    throughput_rounds: int = spec(4, ge=1)
     throughput_batch: int = spec(0, ge=0)
-    throughput_batch1_rounds: int = spec(5, ge=0)
+    throughput_batch1_rounds: int = spec(3, ge=0)
     # anchor staleness (notebooks/anchor_staleness.ipynb): sequences of its recorded trajectory (the
     # bootstrap's units) and that trajectory's T (0: the canvas length, where Table 2 uses K = 8)
     staleness_samples: int = spec(20, ge=2)

@@ -2,8 +2,8 @@
 
     results/table2/<row>.json   one Table 2 row, every budget T   (tadm.experiments.table2.run_row)
     results/sweep/<name>.json   TADM at one T with refresh K (or the adaptive policy)
-    results/throughput.json     Table 2's tokens/s: every row timed in turns in one process
-                                (tadm.experiments.throughput; `read_throughput`)
+    results/throughput.json     Table 2's tokens/s: timing blocks in separate processes, every row
+                                timed in turns in each (tadm.experiments.throughput; `read_throughput`)
 
 `table2_frame` / `sweep_frame` flatten them into pandas frames; `write_table` writes Markdown
 and CSV; `tradeoff_figure` plots quality against compute (seaborn), saved as PNG and PDF.
@@ -21,7 +21,7 @@ import pandas as pd
 from tadm.errors import DataError
 from tadm.experiments import throughput
 from tadm.experiments.table2 import ROWS
-from tadm.experiments.throughput import paired_ratio
+from tadm.experiments.throughput import paired_ratio, row_tokens_per_s
 from tadm.io import atomic_path, atomic_write_text
 
 METRICS = ["mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"]
@@ -49,8 +49,9 @@ def read_throughput(path: str | Path = "results/throughput.json") -> dict:
 
 def with_throughput(df: pd.DataFrame, throughput: dict, source: str = "results/throughput.json") -> pd.DataFrame:
     """`df` (a `long_frame`) with tokens/s (± se) and throughput_vs_adlm (± se) from the throughput
-    stage instead of each row stage's own timing: the median over rounds and the median of the
-    paired per-round ratios (`tadm.experiments.throughput.paired_ratio`). A Table 2 row that samples
+    stage instead of each row stage's own timing: across its timing blocks, the geometric mean of
+    the blocks' tokens/s and exp(mean of the blocks' log ratios) ± between-block se
+    (`tadm.experiments.throughput.paired_ratio`). A Table 2 row that samples
     but was not timed there is a DataError (a stale results/throughput.json), never the row's own
     number; rows without a model (Data) get none."""
 
@@ -67,7 +68,7 @@ def with_throughput(df: pd.DataFrame, throughput: dict, source: str = "results/t
             ratio, se = paired_ratio(throughput, int(T), name, "adlm")
         except KeyError:  # ADLM not timed
             ratio = se = None
-        cells.append((timed["tokens_per_s_median"], timed["tokens_per_s_se"], ratio, se))
+        cells.append((*row_tokens_per_s(timed), ratio, se))
     df = df.copy()
     columns = ["tokens_per_s", "tokens_per_s_se", "throughput_vs_adlm", "throughput_vs_adlm_se"]
     for j, column in enumerate(columns):

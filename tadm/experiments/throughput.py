@@ -140,11 +140,14 @@ from tadm.errors import DataError
 from tadm.experiments import sampling
 from tadm.experiments.table2 import ROWS
 from tadm.io import atomic_write_json, atomic_write_text
+from tadm.metrics import invocations
 from tadm.metrics.bootstrap import paired_speedup, resamples, spread
 from tadm.registry import method_for
 
-FORMAT = 2
+FORMAT = 3  # results/throughput.json: the blocks combined (`combine`)
+BLOCK_FORMAT = 2  # results/throughput/block_<b>.json: one timing block (`run`)
 OUT = Path("results/throughput.json")
+BLOCKS_DIR = Path("results/throughput")
 TABLE = Path("paper_figures/table2_throughput.md")
 REFERENCES = ("adlm", "mdlm")
 # what a timed call's ComputeCounter counted (a resumed window books no trajectory, so its per-token
@@ -178,14 +181,21 @@ def window_steps(refresh_every) -> int:
     return math.lcm(*(int(k) for k in refresh_every))
 
 
-def start_step(T: int, window: int) -> int:
-    """s(T): where every row's window starts, the end of the trajectory's first window (step
-    `window`), or step 0 when T holds fewer than two windows. DataError when the window does not
-    fit in T steps."""
+def start_step(T: int, window: int, block: int = 0, blocks: int = 1) -> int:
+    """s(T): where every row's window starts in timing block `block` of `blocks`. The trajectory's
+    n = T // window whole windows past the first are spread evenly over the blocks: block 0 starts
+    at the end of the first window (step `window`), the last block at the last whole window, the
+    others between; step 0 when T holds fewer than two windows. DataError when the window does not
+    fit in T steps or the block is not one of `blocks`."""
     if window > T:
         raise DataError(f"throughput: budget T={T} is shorter than the timed window of {window} steps "
                         "(lcm of the budgets' K)")
-    return window if T >= 2 * window else 0
+    if not 0 <= block < blocks:
+        raise DataError(f"throughput: block {block} is not one of sample.throughput_blocks={blocks} (0..{blocks - 1})")
+    n = T // window
+    if n < 2:
+        return 0
+    return window * (1 + (round(block * (n - 2) / (blocks - 1)) if blocks > 1 else 0))
 
 
 def timing_batch(cfg) -> int:
@@ -210,16 +220,17 @@ class Timed:
 
 
 def prepare(name: str, spec: sampling.SampleRun, model, params: Params, d: runtime.Dist, T: int, batch: int,
-            start: int, window: int, bos_id: int) -> Timed:
-    """Row `name` (its `SampleRun` and loaded, prepared model) at budget T and `batch`: for a
-    diffusion model its trajectory is run to step `start` and paused there (not timed); the call
-    resumes from that state for `window` steps. AR: its whole draw."""
+            start: int, window: int, bos_id: int, block: int = 0) -> Timed:
+    """Row `name` (its `SampleRun` and loaded, prepared model) at budget T and `batch`, seeded as
+    sampling batch `block` of the run (block 0: the row stage's first batch): for a diffusion
+    model its trajectory is run to step `start` and paused there (not timed); the call resumes
+    from that state for `window` steps. AR: its whole draw."""
     from tadm.sampling import make_adapter, sample, sample_ar
 
     cfg, L = params.sample, model.seq_len
     if cfg.canvas_length != L:
         raise DataError(f"sample.canvas_length={cfg.canvas_length} but {spec.model_dir} was trained with L={L}")
-    autocast, seed = sampling.network_autocast(d), sampling.batch_seed(params.seed, 0)
+    autocast, seed = sampling.network_autocast(d), sampling.batch_seed(params.seed, block)
     row = ROWS[name]
     info: dict[str, Any] = {"label": row.label, "model_dir": spec.model_dir, "policy": None,
                             "bypass_fusion": spec.bypass_fusion, "tokens": batch * L}
@@ -332,15 +343,20 @@ def _rows_at(result: dict, T: int, names, batch: int | None) -> dict:
 
 
 def paired_ratio(result: dict, T: int, row: str, ref: str, *, batch: int | None = None) -> tuple[float, float | None]:
-    """`row`'s throughput over `ref`'s at budget T in a throughput result (results/throughput.json):
-    the median over rounds of the paired per-round tokens/s ratios and its bootstrap se (None with
-    one round). Read from the result when it holds it (references adlm, mdlm), else computed from
-    the per-round seconds the same way. `batch`: None (the main timing) or 1 (the batch-1 one).
-    KeyError when T, `row`, `ref` or the batch was not timed."""
+    """`row`'s throughput over `ref`'s at budget T: in a combined result (results/throughput.json)
+    exp(mean of the blocks' log ratios) ± between-block se (on ``ratio_entry(...)["df"]`` df), in
+    one block the median over rounds of the paired per-round ratios ± its bootstrap se (None with
+    one round). Read from the result when it holds it (references adlm, mdlm), else computed the
+    same way (a combined result: per block, then combined). `batch`: None (the main timing) or 1
+    (the batch-1 one). KeyError when T, `row`, `ref` or the batch was not timed."""
     rows = _rows_at(result, T, (row, ref), batch)
     stored = rows[row].get("vs", {}).get(ref)
     if stored is not None:
         return float(stored["ratio"]), _none_if_nan(stored["se"])
+    if result.get("block_results"):
+        per = [paired_ratio(b, T, row, ref, batch=batch) for b in result["block_results"]]
+        c = invocations.combine([r for r, _ in per], [se for _, se in per])
+        return c["ratio"], c["se"]
     return ratio_vs(rows[row], rows[ref])
 
 
@@ -416,10 +432,12 @@ def _time_rounds(timers: dict[int, dict[str, Timed]], refresh: dict[int, int], r
 
 
 def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows: list[str] | None = None,
-        dist: runtime.Dist | None = None, out: str | Path | None = OUT) -> dict:
-    """Time every row (default: `timed_rows()`) in turns (module docstring) and return the result;
+        dist: runtime.Dist | None = None, out: str | Path | None = None, block: int = 0) -> dict:
+    """Timing block `block` of sample.throughput_blocks: every row (default: `timed_rows()`) timed
+    in turns (module docstring) from its own batch seed and step window; the block's result,
     written to `out` when given. One process: runtime.nproc is not used."""
     cfg = params.sample
+    blocks = int(cfg.throughput_blocks)
     rows = list(rows or timed_rows())
     if not rows:
         raise DataError("throughput: no Table 2 row samples (every row of ROWS has model None)")
@@ -429,7 +447,7 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
                         f"(those are {', '.join(timed_rows())})")
     budgets = [int(T) for T in cfg.steps]
     W = window_steps([b.K for b in cfg.budgets])
-    starts = {T: start_step(T, W) for T in budgets}
+    starts = {T: start_step(T, W, block, blocks) for T in budgets}
     d = dist or runtime.setup(params.runtime)
     if d.world != 1:
         raise DataError("throughput: the rows are timed against each other in one process; run it without torchrun")
@@ -442,7 +460,8 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
     t0 = time.perf_counter()
     batch = timing_batch(cfg)
     result: dict[str, Any] = {
-        "format": FORMAT, "rows": rows, "references": [r for r in REFERENCES if r in rows],
+        "format": BLOCK_FORMAT, "block": block, "blocks": blocks, "batch_seed": sampling.batch_seed(params.seed, block),
+        "rows": rows, "references": [r for r in REFERENCES if r in rows],
         "rounds": cfg.throughput_rounds, "batch": batch, "seq_len": cfg.canvas_length, "window": W,
         "start_steps": {str(T): s for T, s in starts.items()},
         "seed": params.seed, "device": str(d.device), "precision": d.precision,
@@ -460,7 +479,7 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
     for b, rounds in sections:
         t = time.perf_counter()  # the paused states: each row's trajectory to s(T), untimed
         ready = {T: {name: prepare(name, runs[name], models[runs[name].model_dir][0], params, d, T, b, starts[T], W,
-                                   bos_id) for name in rows} for T in budgets}
+                                   bos_id, block) for name in rows} for T in budgets}
         setup += time.perf_counter() - t
         timed[b] = _time_rounds(ready, refresh, rows, rounds)
     result.update(timed[batch])
@@ -470,6 +489,112 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
     if out is not None:
         atomic_write_json(out, result)
     return result
+
+
+def block_path(block: int, directory: str | Path = BLOCKS_DIR) -> Path:
+    """Where timing block `block` is written: <directory>/block_<block>.json."""
+    return Path(directory) / f"block_{int(block)}.json"
+
+
+# a block's per-row fields the combined row keeps as they are (the same in every block)
+_FIXED = ("label", "model_dir", "sampler", "policy", "bypass_fusion", "tokens", "timed", "steps_timed",
+          "trajectory_steps", "scale")
+
+
+def _gmean(values) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def _combine_section(sections: list[dict], where: str) -> dict:
+    """The budgets of one batch's timing (one section per block, block order) combined."""
+    first = sections[0]["budgets"]
+    budgets = {}
+    for T, budget in first.items():
+        per = []
+        for b, section in enumerate(sections):
+            other = section["budgets"].get(T)
+            if other is None or set(other["rows"]) != set(budget["rows"]) or other["K"] != budget["K"]:
+                raise DataError(f"{where}: block {b} did not time the rows and K of block 0 at T={T}")
+            per.append(other)
+        rows = {}
+        for name, row in budget["rows"].items():
+            blocks = [p["rows"][name] for p in per]
+            tps = [r["tokens_per_s_median"] for r in blocks]
+            log_tps = [math.log(v) for v in tps]
+            gm = _gmean(tps)
+            se = gm * statistics.stdev(log_tps) / math.sqrt(len(tps)) if len(tps) > 1 else None
+            flops = [r.get("flops_per_token") for r in blocks]
+            entry = {k: row.get(k) for k in _FIXED}
+            entry.update(start_steps=[r.get("start_step") for r in blocks], tokens_per_s_blocks=tps,
+                         tokens_per_s=gm, tokens_per_s_se=se,
+                         flops_per_token=statistics.fmean(flops) if all(flops) else None,
+                         seconds=[s for r in blocks for s in r["seconds"]],
+                         same_every_round=all(r.get("same_every_round", True) for r in blocks), vs={})
+            for ref in row.get("vs", {}):
+                vs = [r["vs"][ref] for r in blocks]
+                combined = invocations.combine([v["ratio"] for v in vs], [v.get("se") for v in vs])
+                bounds = [v.get("bound") for v in vs]
+                bound = _gmean(bounds) if all(bounds) else None
+                combined.update(bound=bound, bound_blocks=bounds,
+                                measured_over_bound=None if bound is None else combined["ratio"] / bound,
+                                measured_over_bound_se=None if bound is None or combined["se"] is None
+                                else combined["se"] / bound)
+                entry["vs"][ref] = combined
+            rows[name] = entry
+        budgets[T] = {"T": budget["T"], "K": budget["K"], "rows": rows}
+    return budgets
+
+
+def combine(blocks: list[dict], where: str = str(BLOCKS_DIR)) -> dict:
+    """The timing blocks (`run`'s results, blocks 0..B-1 of sample.throughput_blocks = B) combined:
+    per budget, row and reference, the ratio exp(mean of the blocks' log ratios), se = between-
+    block sd / sqrt(B) on B - 1 df, the within- and between-block sd and Cochran's Q
+    (`tadm.metrics.invocations.combine`); tokens/s the blocks' geometric mean (± the same se);
+    the FLOP bound the blocks' geometric mean. DataError when the blocks are not one set."""
+    if not blocks:
+        raise DataError(f"{where}: no timing blocks: run `python -m tadm throughput --block 0` (and the others)")
+    blocks = sorted(blocks, key=lambda b: b.get("block", -1))
+    B = blocks[0].get("blocks")
+    for b in blocks:
+        if b.get("format") != BLOCK_FORMAT:
+            raise DataError(f"{where}: block {b.get('block')} has format {b.get('format')!r}, this tadm reads "
+                            f"{BLOCK_FORMAT}: rerun the throughput blocks")
+    if [b.get("block") for b in blocks] != list(range(B or 0)) or any(b.get("blocks") != B for b in blocks):
+        raise DataError(f"{where}: holds blocks {[b.get('block') for b in blocks]} of "
+                        f"{sorted({b.get('blocks') for b in blocks}, key=str)}, not the blocks 0..B-1 of one "
+                        "sample.throughput_blocks = B: rerun the throughput blocks")
+    keys = ("rows", "references", "rounds", "batch", "seq_len", "window", "seed", "device", "precision", "autocast")
+    for b in blocks[1:]:
+        for k in keys:
+            if b.get(k) != blocks[0].get(k):
+                raise DataError(f"{where}: block {b['block']} has {k} {b.get(k)!r}, block 0 {blocks[0].get(k)!r}: "
+                                "the blocks must time the same rows in the same settings")
+    has1 = [b.get("batch1") is not None for b in blocks]
+    if any(has1) and not all(has1):
+        raise DataError(f"{where}: only some blocks have a batch-1 timing: rerun the throughput blocks")
+    result: dict[str, Any] = {k: blocks[0][k] for k in keys}
+    result.update(format=FORMAT, blocks=B, threads=[b.get("threads") for b in blocks],
+                  batch_seeds=[b["batch_seed"] for b in blocks],
+                  start_steps={T: [b["start_steps"][T] for b in blocks] for T in blocks[0]["start_steps"]},
+                  budgets=_combine_section(blocks, where),
+                  batch1=({"batch": 1, "rounds": blocks[0]["batch1"]["rounds"],
+                           "budgets": _combine_section([b["batch1"] for b in blocks], f"{where} (batch 1)")}
+                          if all(has1) else None),
+                  block_seconds=[b["seconds"] for b in blocks],
+                  block_results=[{k: v for k, v in b.items() if k not in ("schedule",)} for b in blocks])
+    return result
+
+
+def load_blocks(directory: str | Path = BLOCKS_DIR) -> list[dict]:
+    """Every block_<b>.json in `directory` (a one-line DataError when there is none)."""
+    import json
+
+    directory = Path(directory)
+    files = sorted(directory.glob("block_*.json")) if directory.is_dir() else []
+    if not files:
+        raise DataError(f"{directory} holds no timing block: run the throughput blocks "
+                        "(`dvc repro throughput_block` or `python -m tadm throughput --block B`)")
+    return [json.loads(f.read_text()) for f in files]
 
 
 def load(path: str | Path = OUT) -> dict:
@@ -484,6 +609,21 @@ def load(path: str | Path = OUT) -> dict:
     if result.get("format") != FORMAT:
         raise DataError(f"{path} has format {result.get('format')!r}, this tadm reads {FORMAT}: rerun the throughput stage")
     return result
+
+
+def row_tokens_per_s(row: dict) -> tuple[float, float | None]:
+    """A row's tokens/s and its se: in a combined result the blocks' geometric mean, in one block
+    the median over rounds."""
+    if isinstance(row.get("tokens_per_s"), (int, float)):
+        return float(row["tokens_per_s"]), row.get("tokens_per_s_se")
+    return float(row["tokens_per_s_median"]), row.get("tokens_per_s_se")
+
+
+def ratio_entry(result: dict, T: int, row: str, ref: str, *, batch: int | None = None) -> dict | None:
+    """The stored comparison of `row` with `ref` at T (ratio, se, df and, in a combined result,
+    the within / between parts and Q), or None when the result does not store it."""
+    rows = _rows_at(result, T, (row, ref), batch)
+    return rows[row].get("vs", {}).get(ref)
 
 
 def _pm(value: float | None, se: float | None, decimals: int = 2) -> str:
@@ -517,19 +657,20 @@ def _tables(section: dict, refs: list[str], order: list[str]) -> list[str]:
     return lines
 
 
-def to_markdown(result: dict) -> str:
-    """One table per budget (and per batch): median tokens/s over rounds, the paired ratios vs
-    ADLM and MDLM with their FLOP bounds and measured / bound."""
+def block_markdown(result: dict) -> str:
+    """One timing block: one table per budget (and per batch): median tokens/s over rounds, the
+    paired ratios vs ADLM and MDLM with their FLOP bounds and measured / bound."""
     refs = result["references"]
     W, starts = result["window"], result["start_steps"]
     where = ", ".join(f"T = {T}: steps {s}..{s + W - 1}" for T, s in sorted(starts.items(), key=lambda x: int(x[0])))
-    lines = [f"Table 2 throughput, paired: every row timed in turns in one process, {result['rounds']} rounds at batch "
-             f"{result['batch']} (the order rotates and alternates between rounds), {result['device']}, autocast "
-             f"{result['autocast']}, {result['threads']} threads. A diffusion row's timed call is {W} reverse steps of its "
-             f"own trajectory ({where}; whole refresh cycles, resumed every round from the same paused state), scaled "
-             "to its whole trajectory by its number of steps; AR's is its whole draw. tok/s: median over rounds "
-             "(± bootstrap sd); ratios: median over rounds of the paired per-round ratios (± bootstrap se over rounds); "
-             "FLOP bound: the reference's counted FLOPs per token over the row's.", ""]
+    lines = [f"Table 2 throughput, timing block {result.get('block', 0)} of {result.get('blocks', 1)} (batch seed "
+             f"{result.get('batch_seed', result['seed'])}): every row timed in turns in one process, {result['rounds']} "
+             f"rounds at batch {result['batch']} (the order rotates and alternates between rounds), {result['device']}, "
+             f"autocast {result['autocast']}, {result['threads']} threads. A diffusion row's timed call is {W} reverse "
+             f"steps of its own trajectory ({where}; whole refresh cycles, resumed every round from the same paused "
+             "state), scaled to its whole trajectory by its number of steps; AR's is its whole draw. tok/s: median over "
+             "rounds (± bootstrap sd); ratios: median over rounds of the paired per-round ratios (± bootstrap se over "
+             "rounds); FLOP bound: the reference's counted FLOPs per token over the row's.", ""]
     lines += _tables(result, refs, result["rows"])
     if result.get("batch1"):
         lines += [f"Batch 1, {result['batch1']['rounds']} rounds, the same design", ""]
@@ -537,10 +678,73 @@ def to_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _combined_tables(section: dict, refs: list[str], order: list[str]) -> list[str]:
+    lines = []
+    first = refs[0] if refs else None
+    for budget in sorted(section["budgets"].values(), key=lambda b: b["T"]):
+        label = lambda r: ROWS[r].label if r in ROWS else r  # noqa: E731
+        head = ["Method", "tok/s"] + [f"vs {label(r)} (FLOP bound; measured/bound)" for r in refs]
+        if first:
+            head += [f"blocks vs {label(first)}", "within / between sd (log)", "Q (p)"]
+        lines += [f"T = {budget['T']}, K = {budget['K']}", "", "| " + " | ".join(head) + " |",
+                  "|---|" + "---|" * (len(head) - 1)]
+        for name in sorted(budget["rows"], key=lambda n: order.index(n) if n in order else len(order)):
+            row, cells = budget["rows"][name], []
+            for r in refs:
+                v = row["vs"].get(r)
+                if v is None:
+                    cells.append("–")
+                    continue
+                bound = "–" if v.get("bound") is None else f"{v['bound']:.2f}"
+                cells.append(f"{_pm(v['ratio'], v['se'])} ({bound}; "
+                             f"{_pm(v.get('measured_over_bound'), v.get('measured_over_bound_se'))})")
+            if first:
+                v = row["vs"].get(first)
+                if v is None:
+                    cells += ["–"] * 3
+                else:
+                    sd = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731
+                    cells += [", ".join(f"{x:.2f}" for x in v["blocks"]),
+                              f"{sd(v.get('within_sd'))} / {sd(v.get('between_sd'))}",
+                              "–" if v.get("q") is None else f"{v['q']:.1f} ({v['q_p']:.2g})"]
+            what = "" if row.get("timed", "window") == "window" else " (whole draw)"
+            tps, se = row_tokens_per_s(row)
+            lines.append(f"| {row['label']}{what} | {_pm(tps, se, 1)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def to_markdown(result: dict) -> str:
+    """The blocks combined (`combine`): one table per budget (and per batch) with each row's
+    tokens/s, its ratios vs ADLM and MDLM (± between-block se) with their FLOP bounds and
+    measured / bound, the blocks' own ratios vs ADLM, the within- / between-block sd and Q."""
+    if result.get("format") == BLOCK_FORMAT:
+        return block_markdown(result)
+    refs, B, W = result["references"], result["blocks"], result["window"]
+    where = "; ".join(f"T = {T}: windows from steps {', '.join(map(str, s))}"
+                      for T, s in sorted(result["start_steps"].items(), key=lambda x: int(x[0])))
+    lines = [f"Table 2 throughput across {B} timing blocks, each its own process run at another point of the "
+             f"pipeline with its own batch seed and step window of {W} reverse steps ({where}). Inside a block "
+             f"every row is timed in turns, {result['rounds']} rounds at batch {result['batch']} (the order rotates and "
+             "alternates between rounds), each diffusion row's window of whole refresh cycles resumed from one paused "
+             "state of its own trajectory and scaled to the whole trajectory (AR: its whole draw); a block's ratio is "
+             "the median of its paired per-round ratios. Across blocks: ratio = exp(mean of the blocks' log ratios) ± "
+             f"se = between-block sd / sqrt({B}) on {B - 1} df; tok/s the blocks' geometric mean (± the same); within "
+             "sd: a block's own se of its log ratio (root mean square), between sd: what the blocks' spread adds "
+             f"beyond it; Q: Cochran's Q of the blocks on {B - 1} df (p). FLOP bound: the reference's counted FLOPs "
+             f"per token over the row's. {result['device']}, autocast {result['autocast']}.", ""]
+    lines += _combined_tables(result, refs, result["rows"])
+    if result.get("batch1"):
+        lines += [f"Batch 1, {result['batch1']['rounds']} rounds per block, the same design", ""]
+        lines += _combined_tables(result["batch1"], refs, result["rows"])
+    return "\n".join(lines)
+
+
 def write_table(result: dict, path: str | Path = TABLE) -> None:
     atomic_write_text(path, to_markdown(result))
 
 
-__all__ = ["FORMAT", "OUT", "TABLE", "REFERENCES", "timed_rows", "round_order", "sample_run", "window_steps",
-           "start_step", "timing_batch", "Timed", "prepare", "ratio_vs", "flop_bound", "summarize", "paired_ratio",
-           "bound_ratio", "batch1_ratio", "run", "load", "to_markdown", "write_table"]
+__all__ = ["FORMAT", "BLOCK_FORMAT", "OUT", "BLOCKS_DIR", "TABLE", "REFERENCES", "timed_rows", "round_order",
+           "sample_run", "window_steps", "start_step", "timing_batch", "Timed", "prepare", "ratio_vs", "flop_bound",
+           "summarize", "paired_ratio", "bound_ratio", "batch1_ratio", "ratio_entry", "row_tokens_per_s", "run",
+           "block_path", "combine", "load_blocks", "load", "block_markdown", "to_markdown", "write_table"]

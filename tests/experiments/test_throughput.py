@@ -1,5 +1,6 @@
-"""The throughput stage (tadm.experiments.throughput): every row timed in turns in one process at
-the row stages' batch, the order rotated and reversed between rounds; a diffusion row's timed call
+"""The throughput stage (tadm.experiments.throughput): timing blocks in separate processes, each
+with its own batch seed and step window, combined on the log scale. In a block every row is timed
+in turns in one process at the row stages' batch, the order rotated and reversed between rounds; a diffusion row's timed call
 is the same window of whole refresh cycles of its own trajectory every round, resumed from one
 paused state (the same for every round, the row stage's real trajectory at step s(T)), every row
 over the same number of steps, TADM's refreshes inside it; AR's is its whole draw. Ratios are the
@@ -25,14 +26,16 @@ from tests.conftest import micro_raw, write_params
 from tests.experiments.conftest import random_model, table2_raw
 
 ROWS = ["ar", "mdlm", "mdlm_fb", "adlm", "tadm", "tadm_nofusion"]
-R, R1 = 3, 2
+R, R1, BLOCKS = 3, 2, 2
 REFRESH = [2, 4]  # K per budget (T = 8, 16): the window is lcm = 4 steps, two cycles of K = 2 at T = 8
 
 
 @pytest.fixture(scope="module")
 def timed(table2_workspace, evaluator_dir, micro_packed, tmp_path_factory):
-    """`python -m tadm throughput` on tiny random models (mdlm, tadm, ar from the Table 2
-    workspace, and an ADLM), 3 rounds at the micro batch (sample.batch_size 2) and 2 at batch 1."""
+    """`python -m tadm throughput --run-blocks` on tiny random models (mdlm, tadm, ar from the
+    Table 2 workspace, and an ADLM): 2 blocks, each its own process, of 3 rounds at the micro batch
+    (sample.batch_size 2) and 2 at batch 1; the result is block 0's, the combined one is in
+    root / "throughput.json"."""
     from tadm import cli
     from tadm.data.tokenizer import load_tokenizer
 
@@ -45,15 +48,16 @@ def timed(table2_workspace, evaluator_dir, micro_packed, tmp_path_factory):
     random_model("adlm", counts["vocab_size"], counts["seq_len"], seed=3).save_pretrained(models / "adlm")
     raw = table2_raw(table2_workspace, evaluator_dir, **{
         "sample.throughput_rounds": R, "sample.throughput_batch": 0, "sample.throughput_batch1_rounds": R1,
+        "sample.throughput_blocks": BLOCKS,
         "sample.batch_size": 2, "sample.budgets": [{"T": T, "K": K} for T, K in zip((8, 16), REFRESH)]})
     params = write_params(root / "params.yaml", raw)
     p = config.load(params)
     # ROWS' other rows (sedd, tadm_gamma0, mdlm_dfm, remdm) have no model here
-    assert cli.main(["--params", str(params), "throughput", "--models", str(models), "--rows", *ROWS,
-                     "--tokenizer", str(micro_packed.parent / "tokenizer"), "--out", str(root / "throughput.json"),
-                     "--table", str(root / "table2_throughput.md")]) == 0
+    assert cli.main(["--params", str(params), "throughput", "--run-blocks", "--blocks", str(root / "blocks"),
+                     "--models", str(models), "--rows", *ROWS, "--tokenizer", str(micro_packed.parent / "tokenizer"),
+                     "--out", str(root / "throughput.json"), "--table", str(root / "table2_throughput.md")]) == 0
     bos = load_tokenizer(micro_packed.parent / "tokenizer").bos_token_id
-    return p, models, root, json.loads((root / "throughput.json").read_text()), bos
+    return p, models, root, json.loads((root / "blocks" / "block_0.json").read_text()), bos
 
 
 def sha(tokens) -> str:
@@ -79,7 +83,8 @@ def uninterrupted_canvases(p, models, name, T, batch):
 def test_rows_are_timed_in_turns_rotating_and_alternating(timed):
     p, _, root, result, _ = timed
     n, budgets = len(ROWS), p.sample.steps
-    assert result["format"] == throughput.FORMAT == 2
+    assert result["format"] == throughput.BLOCK_FORMAT == 2 and (result["block"], result["blocks"]) == (0, BLOCKS)
+    assert result["batch_seed"] == p.seed  # block 0: the row stages' first batch
     assert result["rows"] == ROWS and result["rounds"] == R and result["batch"] == p.sample.batch_size == 2
     assert result["references"] == ["adlm", "mdlm"] and result["window"] == 4
     assert result["start_steps"] == {"8": 4, "16": 4}
@@ -104,9 +109,11 @@ def test_rows_are_timed_in_turns_rotating_and_alternating(timed):
         assert budget["rows"]["tadm_nofusion"]["bypass_fusion"] and not budget["rows"]["tadm"]["bypass_fusion"]
         assert budget["rows"]["tadm"]["policy"] == f"FixedInterval(K={K})"
         assert budget["rows"]["mdlm_fb"]["sampler"] == "mdlm-fb"
-    md = (root / "table2_throughput.md").read_text()
+    md = throughput.to_markdown(result)
     assert table2.ROWS["tadm_nofusion"].label in md and f"T = {budgets[0]}, K = {REFRESH[0]}" in md
-    assert "Batch 1, 2 rounds" in md and "(whole draw)" in md
+    assert "Batch 1, 2 rounds" in md and "(whole draw)" in md and "timing block 0 of 2" in md
+    md = (root / "table2_throughput.md").read_text()
+    assert "across 2 timing blocks" in md and "Batch 1, 2 rounds per block" in md and "(whole draw)" in md
 
 
 def test_every_row_is_timed_over_the_same_steps_from_the_same_state(timed):
@@ -199,8 +206,7 @@ def test_batch1_is_timed_beside_with_the_same_design(timed):
 
 
 def test_paired_ratio_and_bound_ratio_return_what_the_json_holds(timed):
-    _, _, root, _, _ = timed
-    result = throughput.load(root / "throughput.json")
+    _, _, root, result, _ = timed
     for T, budget in result["budgets"].items():
         rows = budget["rows"]
         for name, row in rows.items():
@@ -270,6 +276,16 @@ def test_window_and_start_step():
     assert [throughput.start_step(T, 4) for T in (4, 8, 16)] == [0, 4, 4]
     with pytest.raises(DataError, match="T=4 is shorter than the timed window of 8 steps"):
         throughput.start_step(4, 8)
+    # blocks: the windows past the first spread evenly, the first block at step W, the last at the last window
+    assert [throughput.start_step(64, 8, b, 3) for b in range(3)] == [8, 32, 56]
+    assert [throughput.start_step(128, 8, b, 3) for b in range(3)] == [8, 64, 120]
+    assert [throughput.start_step(16, 8, b, 3) for b in range(3)] == [8, 8, 8]  # one window past the first
+    assert [throughput.start_step(8, 8, b, 3) for b in range(3)] == [0, 0, 0]
+    assert [throughput.start_step(64, 8, b, 5) for b in range(5)] == [8, 24, 32, 40, 56]
+    assert all(throughput.start_step(T, 8, b, B) + 8 <= T and throughput.start_step(T, 8, b, B) % 8 == 0
+               for T in (16, 24, 64, 72, 128, 1024) for B in (1, 2, 3, 7) for b in range(B))
+    with pytest.raises(DataError, match="block 3 is not one of sample.throughput_blocks=3"):
+        throughput.start_step(64, 8, 3, 3)
 
 
 def test_round_order_rotates_and_alternates():
@@ -279,7 +295,7 @@ def test_round_order_rotates_and_alternates():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("throughput_rounds", 0, "must be >= 1"), ("throughput_batch1_rounds", -1, "must be >= 0"),
+    ("throughput_rounds", 0, "must be >= 1"), ("throughput_blocks", 0, "must be >= 1"), ("throughput_batch1_rounds", -1, "must be >= 0"),
     ("throughput_batch", -2, "must be >= 0"), ("throughput_batch1_rounds", 2.5, "")])
 def test_a_bad_throughput_key_is_refused_in_one_line_naming_it(key, value, message):
     with pytest.raises(ConfigError, match=f"sample.{key}: {message}") as e:
@@ -320,8 +336,8 @@ def test_table2_reads_tokens_per_s_from_the_throughput_stage(tmp_path):
     with pytest.raises(DataError, match="missing.*throughput stage") as e:
         tables.read_throughput(tmp_path / "results" / "throughput.json")
     assert str(tmp_path / "results" / "throughput.json") in str(e.value) and "\n" not in str(e.value)
-    (tmp_path / "old.json").write_text(json.dumps({"format": 1}))
-    with pytest.raises(DataError, match="has format 1, this tadm reads 2"):
+    (tmp_path / "old.json").write_text(json.dumps({"format": 2}))
+    with pytest.raises(DataError, match="has format 2, this tadm reads 3"):
         tables.read_throughput(tmp_path / "old.json")
 
 
@@ -334,10 +350,11 @@ def test_table2_reads_the_whole_stage_output(timed):
             "mauve": None, "gen_ppl": None, "entropy": None, "layer_calls": 1, "tokens_per_s": 1.0, "policy": None,
             "sampler": "x"} for T in result["budgets"]}}
 
-    wide = tables.table2_frame([row(n) for n in ROWS], tables.read_throughput(root / "throughput.json"))
-    for T, budget in result["budgets"].items():
+    combined = tables.read_throughput(root / "throughput.json")
+    wide = tables.table2_frame([row(n) for n in ROWS], combined)
+    for T, budget in combined["budgets"].items():
         tadm = budget["rows"]["tadm"]
-        assert wide.loc[table2.ROWS["tadm"].label, ("tokens_per_s", int(T))] == tadm["tokens_per_s_median"]
+        assert wide.loc[table2.ROWS["tadm"].label, ("tokens_per_s", int(T))] == tadm["tokens_per_s"]
         assert wide.loc[table2.ROWS["tadm"].label, ("throughput_vs_adlm", int(T))] == tadm["vs"]["adlm"]["ratio"]
 
 
@@ -351,3 +368,56 @@ def test_a_row_that_does_not_sample_is_refused_in_one_line(timed):
     p, models, _, _, _ = timed
     with pytest.raises(DataError, match="'data' is not a Table 2 row that samples"):
         throughput.run(p, models_dir=models, bos_id=0, rows=["data"], out=None)
+
+
+def test_blocks_run_in_their_own_processes_with_their_own_seed_and_window(timed):
+    p, _, root, first, _ = timed
+    blocks = throughput.load_blocks(root / "blocks")
+    assert [b["block"] for b in blocks] == [0, 1] and blocks[0] == first
+    assert blocks[1]["batch_seed"] == sampling.batch_seed(p.seed, 1) != blocks[0]["batch_seed"]
+    assert blocks[0]["start_steps"] == {"8": 4, "16": 4} and blocks[1]["start_steps"] == {"8": 4, "16": 12}
+    # another batch seed: another state to time from
+    assert (blocks[0]["budgets"]["8"]["rows"]["tadm"]["start_sha256"]
+            != blocks[1]["budgets"]["8"]["rows"]["tadm"]["start_sha256"])
+
+
+def test_the_combined_ratio_is_the_mean_log_ratio_of_the_blocks(timed):
+    from tadm.metrics.invocations import combine
+
+    _, _, root, _, _ = timed
+    blocks = throughput.load_blocks(root / "blocks")
+    result = throughput.load(root / "throughput.json")
+    assert result["format"] == throughput.FORMAT and result["blocks"] == BLOCKS
+    for section, batch in ((result, None), (result["batch1"], 1)):
+        for T, budget in section["budgets"].items():
+            for name, row in budget["rows"].items():
+                for ref in result["references"]:
+                    per = [throughput.paired_ratio(b, int(T), name, ref, batch=batch) for b in blocks]
+                    want = combine([r for r, _ in per], [se for _, se in per])
+                    got = row["vs"][ref]
+                    assert got["ratio"] == pytest.approx(float(np.exp(np.mean(np.log([r for r, _ in per])))))
+                    assert got["df"] == BLOCKS - 1 and got["blocks"] == [r for r, _ in per]
+                    assert throughput.paired_ratio(result, int(T), name, ref, batch=batch) == (want["ratio"], want["se"])
+                    if name != ref:  # the se is the blocks' spread (on the log scale), not the rounds'
+                        sd = float(np.std(np.log([r for r, _ in per]), ddof=1))
+                        assert got["se"] == pytest.approx(got["ratio"] * sd / np.sqrt(BLOCKS))
+                tps = [b["budgets"][T]["rows"][name]["tokens_per_s_median"] if batch is None
+                       else b["batch1"]["budgets"][T]["rows"][name]["tokens_per_s_median"] for b in blocks]
+                assert throughput.row_tokens_per_s(row)[0] == pytest.approx(float(np.exp(np.mean(np.log(tps)))))
+            # a reference not stored: per block, then combined
+            got = throughput.paired_ratio(result, int(T), "mdlm", "tadm", batch=batch)
+            per = [throughput.paired_ratio(b, int(T), "mdlm", "tadm", batch=batch) for b in blocks]
+            assert got[0] == pytest.approx(combine([r for r, _ in per])["ratio"])
+
+
+def test_blocks_that_are_not_one_set_are_refused_in_one_line(timed, tmp_path):
+    _, _, root, _, _ = timed
+    blocks = throughput.load_blocks(root / "blocks")
+    with pytest.raises(DataError, match=r"holds blocks \[0\] of \[2\]"):
+        throughput.combine(blocks[:1])
+    with pytest.raises(DataError, match="block 1 has batch 5, block 0 2"):
+        throughput.combine([blocks[0], {**blocks[1], "batch": 5}])
+    with pytest.raises(DataError, match="block 1 has format 1"):
+        throughput.combine([blocks[0], {**blocks[1], "format": 1}])
+    with pytest.raises(DataError, match="holds no timing block"):
+        throughput.load_blocks(tmp_path)

@@ -32,8 +32,9 @@ from tadm.train import checkpoint as ck
 
 def raw(**overrides) -> dict:
     """The micro profile on the CPU, a validation split large enough for 8 canvases per evaluation."""
+    # posttrain.speed_blocks 1: Table 1's speed from its scored pass alone (test_table1_speed times blocks)
     return micro_raw(**{"runtime.device": "cpu", "posttrain.eval_batch_size": 3, "sft.validation_fraction": 0.3,
-                        **overrides})
+                        "posttrain.speed_blocks": 1, **overrides})
 
 
 @pytest.fixture(scope="module")

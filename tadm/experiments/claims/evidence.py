@@ -154,24 +154,32 @@ def posttrain_layer_calls(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None
 
 @evaluator
 def paired_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
-    """rows[0]'s throughput over rows[1]'s at T = budget x L, minus 1 (the throughput stage's
-    paired per-round ratios), with its measured / FLOP-bound ratio; the paper's figure placed
-    against this run's interval."""
+    """rows[0]'s throughput over rows[1]'s at T = budget x L, minus 1: the throughput stage's
+    timing blocks combined (exp of the mean block log ratio, se = between-block sd / sqrt(B) on
+    B - 1 df), with its measured / FLOP-bound ratio and the within- / between-block parts in the
+    notes; the paper's figure placed against this run's interval."""
     T = inp.budget(e.budget)
     if inp.throughput is None or T is None:
         return
     a, b = e.rows
     try:
         ratio, se = throughput.paired_ratio(inp.throughput, T, a, b)
+        entry = throughput.ratio_entry(inp.throughput, T, a, b) or {}
     except KeyError:
         return
-    c.value, c.se, c.n = ratio - 1.0, se, inp.throughput.get("rounds")
+    c.value, c.se, c.n = ratio - 1.0, se, inp.throughput.get("blocks")
+    c.df = entry.get("df")
     bound = throughput.bound_ratio(inp.throughput, T, a, b)
     if usable(bound):
         c.extra["measured_over_bound"] = ratio / bound
     c.shown = (_fmt(ratio, se, 2, "x") + f" (T = {T}, K = {inp.refresh(T)}, batch {inp.throughput.get('batch')}"
                + (f"; measured / FLOP-bound {ratio / bound:.2f}" if usable(bound) else "") + ")")
     c.notes = f"{paper_position(ratio, se, *e.paper_ratio, rules=rules)} ({c.paper})"
+    if entry.get("blocks"):
+        c.notes += ("; blocks " + ", ".join(f"{x:.2f}x" for x in entry["blocks"])
+                    + (f", log sd within {entry['within_sd']:.3f} / between {entry['between_sd']:.3f}"
+                       if entry.get("within_sd") is not None and entry.get("between_sd") is not None else "")
+                    + (f", Q = {entry['q']:.1f} on {entry['q_df']} df" if entry.get("q") is not None else ""))
     one = throughput.batch1_ratio(inp.throughput, T, a, b)
     if one is not None:
         c.notes += f"; at batch 1: {_fmt(one[0], one[1], 2, 'x')}"
@@ -179,26 +187,37 @@ def paired_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
 
 @evaluator
 def posttrain_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
-    """rows[0] at its largest K over rows[1] (the base) in Table 1, minus 1: per task the median of
-    paired batch-time ratios, over several tasks their geometric mean; the paper's range placed
+    """rows[0] at its largest K over rows[1] (the base) in Table 1, minus 1: per task its speed-up
+    across timing blocks (the scored pass and the timing-only blocks, exp of the mean block log
+    ratio, se on the blocks' df; without blocks the scored pass's median of paired batch-time
+    ratios), over several tasks their geometric mean (the fewest df); the paper's range placed
     against this run's interval."""
     if not inp.table1:
         return
     a, ref = e.rows
-    per, logs, var, mbs = [], [], 0.0, []
+    per, logs, var, mbs, dfs = [], [], 0.0, [], []
     for name, t in inp.table1["tasks"].items():
         m = t["methods"]
         kmax = _kmax(m, a)
         row = _t1_row(m, a, kmax)[1]
         base = _t1_row(m, ref)[1]
         r, se = row["throughput_x"], row.get("throughput_se")
+        dfs.append(row.get("throughput_df"))
         bound = base["flops"] / row["flops"] if row.get("flops") else float("nan")
         per.append(f"{name}: {_fmt(r, se, 2, 'x')} at K = {kmax}" + (f", measured / FLOP-bound {r / bound:.2f}"
                                                                      if usable(bound) else ""))
         logs.append(math.log(r))
         mbs.append(math.log(r / bound) if usable(bound) else float("nan"))
         var += (se / r) ** 2 if usable(se) else float("nan")
-        c.n = (c.n or 0) + (len(row["seconds"]) if isinstance(row.get("seconds"), list) else 0)
+        blocks = (row.get("speed_blocks") or {}).get("blocks")
+        c.n = (c.n or 0) + (len(blocks) if blocks else len(row["seconds"]) if isinstance(row.get("seconds"), list) else 0)
+        if blocks:
+            c.n_unit = "timing blocks"
+            sb = row["speed_blocks"]
+            per[-1] += ("; blocks " + ", ".join(f"{x:.2f}x" for x in blocks)
+                        + (f", log sd within {sb['within_sd']:.3f} / between {sb['between_sd']:.3f}"
+                           if sb.get("within_sd") is not None and sb.get("between_sd") is not None else ""))
+    c.df = min(dfs) if dfs and all(d is not None for d in dfs) else None
     ratio = math.exp(sum(logs) / len(logs))
     se = ratio * math.sqrt(var) / len(logs) if usable(var) else None
     if all(map(math.isfinite, mbs)):

@@ -31,8 +31,11 @@ validation NLL to ``metrics/evaluator.json``:
 
 Beside them it records a corruption ladder (``ladder``): the Gen PPL of the held-out texts with a
 growing share of each line's words replaced by random words of the same texts (:data:`LADDER`,
-:func:`word_replaced`). The claims test the judge on it alone: it must rank the rungs in order,
-neighbours apart by more than the Gen PPL margin, over a range that covers the rows it judges.
+:func:`word_replaced`), up to all of them (word salad), then, on that word salad, a growing share
+of the characters replaced by random characters of the texts (:data:`CHAR_LADDER`,
+:func:`char_replaced`): rungs past word salad, where the judged rows of a small profile lie. The
+claims test the judge on it alone: it must rank the rungs in order, neighbours apart by more than
+the Gen PPL margin, over a range that covers the rows it judges.
 
 The Data row's sets are used (eval.reference_samples references, then sample.num_samples
 texts), so the first check is the Data row's MAUVE. The claims table shows the three values
@@ -172,6 +175,31 @@ def word_replaced(texts: list[str], fraction: float, seed: int) -> list[str]:
     return out
 
 
+# the ladder past word salad: on the texts with every word replaced, the share of characters (not
+# whitespace) replaced by characters drawn at random from the held-out texts' own characters
+CHAR_LADDER = (0.05, 0.1, 0.2, 0.35, 0.5)
+
+
+def char_replaced(texts: list[str], fraction: float, seed: int) -> list[str]:
+    """Each text with each character other than whitespace replaced, with probability `fraction`,
+    by a character drawn uniformly from the distinct non-whitespace characters of `texts` (seeded
+    per text; whitespace and newlines kept): the ladder's rungs past word salad."""
+    alphabet = sorted({c for t in texts for c in t if not c.isspace()})
+    out = []
+    for i, t in enumerate(texts):
+        rng = random.Random((seed + 11) * 1_000_003 + i)
+        out.append("".join(rng.choice(alphabet) if not c.isspace() and rng.random() < fraction else c for c in t))
+    return out
+
+
+def ladder_texts(texts: list[str], seed: int) -> list[tuple[str, float, list[str]]]:
+    """The corruption ladder's rungs in order, (kind, fraction, texts): words replaced at every
+    share of :data:`LADDER`, then characters of the word salad at every share of :data:`CHAR_LADDER`."""
+    rungs = [("words", f, word_replaced(texts, f, seed)) for f in LADDER]
+    salad = word_replaced(texts, 1.0, seed)
+    return rungs + [("chars", f, char_replaced(salad, f, seed)) for f in CHAR_LADDER]
+
+
 def train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool = False, log=print) -> dict:
     """Train the evaluator (resuming), save it to models/evaluator, measure its sanity checks.
     The run holds its checkpoint directory's lock throughout (a second run is refused)."""
@@ -258,8 +286,8 @@ def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
     shuffled = word_shuffled(data_texts, p.seed)
     shuf_ppl, shuf_features = scorer._ppl_and_features(shuffled)
     # the corruption ladder: Gen PPL of held-out text with a growing share of its words replaced
-    ladder = [{"fraction": f, "gen_ppl": scorer._ppl_and_features(word_replaced(data_texts, f, p.seed))[0].ppl}
-              for f in LADDER]
+    ladder = [{"kind": kind, "fraction": f, "gen_ppl": scorer._ppl_and_features(texts)[0].ppl}
+              for kind, f, texts in ladder_texts(data_texts, p.seed)]
     gpt2 = build_gpt2()
     gpt2_tokens = sum(len(gpt2(t)["input_ids"]) for t in data_texts)
     words = sum(len(t.split()) for t in data_texts)  # the same words as the shuffled texts
@@ -276,5 +304,5 @@ def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
 
 
 __all__ = ["TRAINED", "MODEL_DIR", "resolve", "build", "train", "train_step", "sanity", "word_shuffled", "word_replaced",
-           "LADDER",
+           "char_replaced", "ladder_texts", "LADDER", "CHAR_LADDER",
            "validation_nll", "VAL_NLL_HOW"]

@@ -50,6 +50,25 @@ def test_the_corruption_ladder_replaces_a_growing_share_of_each_lines_words():
     assert changed == sorted(changed) and changed[-1] > 0.8 * 200
 
 
+def test_the_ladder_goes_past_word_salad_by_replacing_characters():
+    text = "\n".join(f"alpha{i} beta{i} gamma{i} delta{i}" for i in range(30))
+    alphabet = {c for c in text if not c.isspace()}
+    assert te.char_replaced([text], 0.0, seed=0) == [text]
+    changed = []
+    for f in te.CHAR_LADDER:
+        out = te.char_replaced([text], f, seed=0)[0]
+        assert len(out) == len(text) and [c.isspace() for c in out] == [c.isspace() for c in text]  # layout kept
+        assert {c for c in out if not c.isspace()} <= alphabet
+        changed.append(sum(a != b for a, b in zip(out, text)))
+        assert te.char_replaced([text], f, seed=0)[0] == out != te.char_replaced([text], f, seed=1)[0]
+    assert changed == sorted(changed) and changed[0] > 0
+    rungs = te.ladder_texts([text], seed=0)
+    assert [(k, f) for k, f, _ in rungs] == [("words", f) for f in te.LADDER] + [("chars", f) for f in te.CHAR_LADDER]
+    assert rungs[0][2] == [text] and rungs[len(te.LADDER) - 1][2] == te.word_replaced([text], 1.0, seed=0)
+    salad = te.word_replaced([text], 1.0, seed=0)
+    assert rungs[-1][2] == te.char_replaced(salad, te.CHAR_LADDER[-1], seed=0)  # on the word salad
+
+
 def test_validation_nll_is_the_ar_models_val_nelbo_normalisation():
     p = config.override(config.load(config.PROFILES_DIR / "default.yaml"),
                         {"eval.trained.d_model": 16, "eval.trained.n_layers": 1, "eval.trained.n_heads": 2})

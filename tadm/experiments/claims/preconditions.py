@@ -40,20 +40,23 @@ def _genppl_cells(inp: Inputs, findings: list[Claim]) -> dict[str, float]:
 
 def _ladder_checks(ladder: list[dict], cells: dict[str, float], margin: float, gates: list[str]) -> list[dict]:
     """The judge's Gen PPL on its corruption ladder (held-out text, a growing share of its words
-    replaced: tadm.metrics.trained_evaluator.LADDER): (a) it ranks the rungs in order, neighbours
+    replaced, then of the word salad's characters: tadm.metrics.trained_evaluator.LADDER,
+    CHAR_LADDER): (a) it ranks the rungs in order, neighbours
     apart by more than log(1 + margin), the Gen PPL findings' own margin; (b) the rungs span the
     Gen PPL of every cell a Gen PPL finding judges, so the order it shows is the order it needs."""
     ppl = [r["gen_ppl"] for r in ladder]
     steps = [math.log(b / a) for a, b in zip(ppl, ppl[1:])]
     need = math.log(1 + margin)
     rungs = " < ".join(f"{x:.1f}" for x in ppl)
-    shares = "/".join(f"{r['fraction']:g}" for r in ladder)
+    words = "/".join(f"{r['fraction']:g}" for r in ladder if r.get("kind", "words") == "words")
+    chars = "/".join(f"{r['fraction']:g}" for r in ladder if r.get("kind") == "chars")
+    shares = f"words replaced {words}" + (f", then characters of the word salad {chars}" if chars else "")
     lo, hi = min(cells.values()), max(cells.values())
-    return [{"check": "judge: ranks its corruption ladder in order (held-out text, a growing share of words replaced), "
-                      "neighbours apart by more than the Gen PPL margin",
+    return [{"check": "judge: ranks its corruption ladder in order (held-out text, a growing share of words replaced, "
+                      "then of characters), neighbours apart by more than the Gen PPL margin",
              "value": min(steps) if steps else None, "passed": bool(steps) and min(steps) > need,
              "wanted": f"every step > log(1 + {margin:g}) = {need:.3f}",
-             "shown": f"{rungs} (words replaced {shares}); smallest step {min(steps):.3f}" if steps else rungs,
+             "shown": f"{rungs} ({shares}); smallest step {min(steps):.3f}" if steps else rungs,
              "gates": gates},
             {"check": "judge: its ladder spans every row a Gen PPL finding judges", "value": ppl[-1] if ppl else None,
              "passed": bool(ppl) and min(ppl) <= lo and max(ppl) >= hi,

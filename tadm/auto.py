@@ -16,6 +16,12 @@ against the safetensors headers, every tensor strictly) and `save_pretrained` wr
 project's layout, so a checkpoint round-trips bit for bit and every checkpoint the pipeline ever
 wrote loads.
 
+Registration also bounds how transformers reads a ``config.json`` from then on (`bound_config_reading`):
+at most ``tadm.weights_header.MAX_CONFIG_BYTES`` (1 MiB) and nested no deeper than the
+interpreter allows, checked before the file is read, for any model of the process; a config that
+carries the project's ``format_version`` but a ``model_type`` that is not one of `FAMILIES` is
+refused in one line instead of loading another architecture with random weights.
+
 Registration is lazy: importing transformers' Auto classes costs seconds and `import tadm` a
 millisecond, so `import tadm` installs a hook (`install`) that registers the classes right
 after ``transformers.models.auto`` is imported (or at once, when it already is).
@@ -27,6 +33,8 @@ import importlib.abc
 import importlib.util
 import sys
 from pathlib import Path
+
+from tadm.errors import DataError
 
 FAMILIES = ("mdlm", "adlm", "tadm", "sedd", "ar")
 AUTO_MODULE = "transformers.models.auto.modeling_auto"  # AutoModel's module: imported by any Auto use
@@ -102,9 +110,41 @@ def _build() -> None:
         _CLASSES[model_type] = config_cls, model_cls
 
 
+def bound_config_reading() -> None:
+    """transformers' config reader (``PretrainedConfig._dict_from_json_file``) through the
+    project's bounded reader: a ValueError line, before the file is read, for a config.json over
+    1 MiB or nested too deeply, and for a TADM checkpoint's config (it has ``format_version``)
+    whose model_type is not one of `FAMILIES`. Idempotent."""
+    from transformers.configuration_utils import PretrainedConfig
+
+    if getattr(PretrainedConfig._dict_from_json_file, "_tadm_bounded", False):
+        return
+    from tadm import weights_header as wh
+
+    decode = PretrainedConfig._decode_special_floats
+
+    def _dict_from_json_file(cls, json_file):
+        raw = wh.read_json(Path(json_file), error=_ConfigRefused)
+        if "format_version" in raw and "model_type" in raw and raw["model_type"] not in FAMILIES:
+            raise _ConfigRefused(f"{str(json_file)!r}: a TADM checkpoint's config (format_version "
+                                 f"{raw['format_version']!r}) with model_type {raw['model_type']!r}, not one of "
+                                 f"{', '.join(FAMILIES)}: refused rather than loading another architecture")
+        return decode(raw)
+
+    _dict_from_json_file._tadm_bounded = True
+    PretrainedConfig._dict_from_json_file = classmethod(_dict_from_json_file)
+
+
+class _ConfigRefused(DataError, ValueError):
+    """A config.json transformers was about to read, refused (one line)."""
+
+
 def register() -> None:
-    """Register every family with AutoConfig, AutoModel and AutoModelForMaskedLM (idempotent)."""
+    """Register every family with AutoConfig, AutoModel and AutoModelForMaskedLM (idempotent),
+    and bound transformers' config reading (`bound_config_reading`)."""
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+
+    bound_config_reading()
 
     for model_type in FAMILIES:
         config_cls, model_cls = classes(model_type)

@@ -72,6 +72,35 @@ def test_a_model_from_its_config_and_the_refusals(tmp_path):
         auto.classes("llada")
 
 
+def test_the_auto_path_bounds_config_reading_before_it_reads(tmp_path):
+    """Through AutoModel too: a config.json over 1 MiB is refused from its size (nothing read), a
+    deeply nested one in one line, and a TADM checkpoint relabelled as another architecture is
+    refused instead of loading that architecture with random weights."""
+    import json
+    import tracemalloc
+
+    from transformers import AutoConfig, AutoModel
+
+    _saved("tadm", tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / "config.json"
+    good = json.loads(path.read_text())
+    path.write_text(json.dumps({**good, "model_type": "bert"}))
+    with pytest.raises(ValueError, match="a TADM checkpoint's config .* model_type 'bert', not one of") as e:
+        AutoModel.from_pretrained(tmp_path / "ckpt")
+    assert "\n" not in str(e.value)
+    with open(path, "w") as f:  # 64 MiB of spaces inside the object
+        f.write("{" + " " * (64 << 20) + "}")
+    tracemalloc.start()
+    with pytest.raises(ValueError, match="bytes, more than the 1048576 a model config may have"):
+        AutoModel.from_pretrained(tmp_path / "ckpt")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 16 << 20  # refused from its size, not read
+    path.write_text("{\"a\": " * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        AutoConfig.from_pretrained(tmp_path / "ckpt")
+
+
 @pytest.mark.parametrize("order", ["tadm first", "transformers first"])
 def test_import_tadm_registers_lazily_in_either_order(tmp_path, order):
     """`import tadm` does not import transformers (it costs seconds); the Auto classes know the

@@ -152,6 +152,27 @@ def test_weights_that_do_not_fit_in_memory_are_refused(ckpt, monkeypatch):
     assert "GiB is free" in _refused(lambda: load_pretrained(directory), CheckpointError)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weights_are_refused_by_both_loaders(ckpt, bad):
+    """A weight file whose tensors hold NaN or infinity (all of one tensor, or a single value) is
+    refused in one line naming the tensor, through load_pretrained and through AutoModel."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModel
+
+    import tadm  # noqa: F401  (registers the Auto classes)
+
+    directory, _ = ckpt
+    tensors = load_file(directory / "model.safetensors")
+    name = next(k for k, v in tensors.items() if v.is_floating_point() and v.numel() > 1)
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = bad
+    save_file(tensors, directory / "model.safetensors")
+    for load in (load_pretrained, AutoModel.from_pretrained):
+        with pytest.raises(CheckpointError, match=rf"tensor '{name}' holds 1 non-finite value\(s\)") as e:
+            load(directory)
+        assert "\n" not in str(e.value)
+
+
 # --------------------------------------------------------------------------- good checkpoints
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tadm import config
-from tadm.config import notebook
+from tadm.config import ROOT, notebook
 from tadm.errors import ConfigError
 from tadm.experiments import table1
 
@@ -121,3 +121,18 @@ def test_papermill_refuses_an_undeclared_parameter(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: notebook parameter: profile: the notebook has no such parameter"), proc.stderr
     assert not out.exists()  # refused before the kernel ran anything
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")))
+def test_every_parameter_a_notebook_declares_is_one_papermill_sees(name):
+    """papermill's own parser (`papermill --help-notebook`, `inspect_notebook`) reads every assignment
+    of the parameters cell; a line it cannot parse (an `=` inside its comment) would leave that
+    parameter undeclared and `-p` on it refused."""
+    import ast
+
+    from papermill.inspection import inspect_notebook
+
+    cell = next(c for c in json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+                if "parameters" in (c.get("metadata", {}).get("tags") or []))
+    declared = [t.id for n in ast.parse("".join(cell["source"])).body if isinstance(n, ast.Assign) for t in n.targets]
+    assert list(inspect_notebook(str(ROOT / "notebooks" / name))) == declared

@@ -71,11 +71,23 @@ def test_impossible_values_are_refused_by_check_and_at_load(tmp_path, key, value
     ("asrd.refresh_every", 10_000, "asrd.refresh_every: must be <= the decoding steps"),
     # a GPT-2 whose width its heads do not split
     ("eval.trained.n_heads", 5, "eval.trained.d_model: must be a multiple of n_heads (5"),
+    # sizes no run can reach, a number written as a quoted string, a comparator Table 1 does not run
+    ("sample.budgets", [{"T": 10**9, "K": 4}], "sample.budgets[0].T: must be <= 1048576"),
+    ("posttrain.max_new_tokens", 10**12, "posttrain.max_new_tokens: must be <= 1048576"),
+    ("posttrain.feature_cache_share", "0.5", "posttrain.feature_cache_share: expected a number, got '0.5'"),
+    ("claims.training_free_comparator", "naive", "claims.training_free_comparator: must be one of posttrain.cache_methods"),
 ])
 def test_reviewed_ranges(key, value, words):
+    extra = {"posttrain.cache_methods": ["feature"]} if key == "claims.training_free_comparator" else {}
     with pytest.raises(ConfigError) as e:
-        config.from_dict(_raw(**{key: value}))
+        config.from_dict(_raw(**{key: value}, **extra))
     assert words in str(e.value), str(e.value)
+
+
+def test_yaml_1_1_exponents_still_read_as_numbers():
+    """YAML 1.1 leaves 3e-4 a string; it is read as the number it is (a quoted '0.5' is not)."""
+    assert config.from_dict(_raw(**{"train.lr": "3e-4"})).train.lr == 3e-4
+    assert config.from_dict(_raw(**{"posttrain.cache_methods": []})).posttrain.cache_methods == []
 
 
 def test_the_limits_themselves_are_allowed():
@@ -93,3 +105,10 @@ def test_every_profile_still_validates(name):
 
 def test_the_dry_run_params_still_validate():
     assert config.from_dict(dryrun.render()).profile == "paper"
+
+
+def test_a_row_sampled_with_k_above_its_t_is_refused_before_any_work():
+    from tadm.experiments import table2
+
+    with pytest.raises(ConfigError, match=r"^sampling: K: must be <= T \(8; .*got 9$"):
+        table2.run_row("tadm", config.from_dict(_raw()), scorer=None, steps=[8, 16], K=9)

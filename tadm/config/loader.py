@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -57,6 +58,10 @@ def _short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# what YAML 1.1 leaves a string although it is a number: exponent notation without a dot (3e-4, 1E+5)
+_YAML11_FLOAT = re.compile(r"^[-+]?\d+[eE][-+]?\d+$")
+
+
 def _convert(value: Any, tp: Any, key: str, source: str, profile: Optional[str] = None) -> Any:
     """Check `value` against the annotation `tp` and return it in canonical form."""
 
@@ -97,11 +102,10 @@ def _convert(value: Any, tp: Any, key: str, source: str, profile: Optional[str] 
             raise bad()
         return value
     if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads `3e-4` as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad() from None
+        if isinstance(value, str):  # YAML 1.1 reads `3e-4` as a string; a quoted '0.5' is a string meant
+            if not _YAML11_FLOAT.match(value):
+                raise bad()
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad()
         if not math.isfinite(value):
@@ -346,6 +350,10 @@ class _CROSS_CHECKS:
 
     @staticmethod
     def Params(c: Params, p: str, src: str) -> None:
+        if c.posttrain.cache_methods and c.claims.training_free_comparator not in c.posttrain.cache_methods:
+            raise ConfigError("claims.training_free_comparator", f"must be one of posttrain.cache_methods "
+                              f"({', '.join(c.posttrain.cache_methods)}: the caches Table 1 runs; with none the "
+                              f"comparison is not run), got {c.claims.training_free_comparator!r}", src)
         blocks = c.posttrain.canvas_length // c.asrd.block_size
         if c.posttrain.canvas_length % c.asrd.block_size or c.asrd.dg_steps % blocks:
             raise ConfigError("asrd.dg_steps", f"DiffusionGemma's canvas (posttrain.canvas_length {c.posttrain.canvas_length}) must split into "

@@ -86,7 +86,7 @@ class PosttrainConfig:
     eval_examples: int = spec(0, ge=0)  # per task; 0 = all
     # a cap on every benchmark's generation length (0: the paper's per-task lengths,
     # table1.PAPER_LENGTHS, 1,024 to 4,096 tokens); the paper dry run shrinks it with the rest
-    max_new_tokens: int = spec(0, ge=0)
+    max_new_tokens: int = spec(0, ge=0, le=1 << 20)
     eval_batch_size: int = spec(8, ge=1)
     # the training-free caches run beside TADM on the same base (names in tadm.registry.DG_CACHES,
     # tadm.caches.diffusiongemma), each at every K >= 2 of refresh_every (TADM's layer-call budgets);

@@ -15,8 +15,8 @@ class Budget:
     """One sampling budget of Table 2: T reverse steps, TADM's anchor refreshed every K of them
     (Alg. 1). A params file writes it ``{T: 2048, K: 4}``."""
 
-    T: int = spec(2048, ge=1)
-    K: int = spec(4, ge=1)
+    T: int = spec(2048, ge=1, le=1 << 20)  # at most 2^20 reverse steps (the paper's largest: 4096)
+    K: int = spec(4, ge=1, le=1 << 20)
 
 
 @dataclass
@@ -29,7 +29,7 @@ class SampleConfig:
     sweep_refresh: list[int] = spec([1, 2, 3, 4, 5, 6, 7, 8], nonempty=True, unique=True, ge=1)
     # budgets at which Table 2's compute column is counted at the paper's depths (compute_column
     # stage; independent of the model size); each needs a K in Table 2's schedule
-    compute_column_steps: list[int] = spec([2048, 4096], nonempty=True, unique=True, ge=1)
+    compute_column_steps: list[int] = spec([2048, 4096], nonempty=True, unique=True, ge=1, le=1 << 20)
     num_samples: int = spec(5000, ge=1)
     batch_size: int = spec(16, ge=1)
     canvas_length: int = spec(1024, ge=1)

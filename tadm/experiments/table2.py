@@ -148,6 +148,12 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
     Rows whose samples do not depend on T (Data, AR) are drawn and scored once and saved under
     every budget. With runtime.nproc > 1 (and not already under torchrun) the row runs in
     torchrun workers (`tadm.experiments.worker`) and this returns what they wrote."""
+    too_large = [T for T in (steps or params.sample.steps) if K is not None and K > T]
+    if too_large:  # before any work
+        from tadm.errors import ConfigError
+
+        raise ConfigError("K", f"must be <= T ({too_large[0]}; a larger K refreshes only at the start, as K = "
+                          f"{too_large[0]} does), got {K}", "sampling")
     kwargs = dict(models_dir=str(models_dir), samples_dir=str(samples_dir), steps=steps, K=K, adaptive=adaptive,
                   checkpoint=checkpoint, sampler=sampler, out=None if out is None else str(out),
                   reuse_dir=None if reuse_dir is None else str(reuse_dir))

@@ -9,6 +9,8 @@ low 32 bits of the first argument at 16 on these little-endian machines):
 - ``unshare``, ``setns`` and ``clone`` with any ``CLONE_NEW*`` flag: no nested namespaces, a user
   namespace's capabilities included; ``clone3`` (its flags sit behind a pointer the filter cannot
   read) answers ENOSYS, so the C library falls back to ``clone``;
+- a new process: ``clone`` without ``CLONE_THREAD``, ``fork`` and ``vfork`` (x86-64; aarch64 has
+  only ``clone``): the program may start threads (bounded by ``RLIMIT_NPROC``), never a process;
 - ``io_uring_setup`` / ``enter`` / ``register``; ``mount``, ``umount2``, ``pivot_root`` and the
   new mount API; ``bpf``, ``perf_event_open``, ``userfaultfd``, ``ptrace``, the keyring calls;
 - memory the address-space limit does not count: System V shared memory, message queues and
@@ -46,6 +48,7 @@ SECCOMP_SET_MODE_FILTER = 1
 # down with that mitigation; it guards code sharing a process with its sandbox (a JIT), and here
 # the code has its process to itself. (On this machine's default kernel: no difference measured.)
 SECCOMP_FILTER_FLAG_SPEC_ALLOW = 1 << 2
+CLONE_THREAD = 0x00010000
 CLONE_NEW_FLAGS = (0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000  # TIME NS CGROUP UTS IPC
                    | 0x10000000 | 0x20000000 | 0x40000000)  # USER PID NET
 
@@ -66,7 +69,8 @@ SYSCALLS = {
                  "keyctl": 250, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65,
                  "semctl": 66, "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
                  "memfd_create": 319, "inotify_init": 253, "inotify_add_watch": 254, "inotify_rm_watch": 255,
-                 "inotify_init1": 294, "fanotify_init": 300, "fanotify_mark": 301, **_UNIFIED_DENY},
+                 "inotify_init1": 294, "fanotify_init": 300, "fanotify_mark": 301, "fork": 57, "vfork": 58,
+                 **_UNIFIED_DENY},
         "clone": 56, "clone3": CLONE3, "prctl": 157, "seccomp": 317, "socket": 41, "socketpair": 53,
     },
     "aarch64": {
@@ -124,8 +128,9 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     lines += [(JEQ_K, table["clone3"], "enosys", 0), (JEQ_K, table["clone"], "clone", 0),
               (JEQ_K, table["prctl"], "prctl", 0), (JEQ_K, table["socket"], "socket", 0),
               (JEQ_K, table["socketpair"], "socket", 0), (RET_K, RET_ALLOW),
-              # clone: refuse namespace flags in its first argument
-              "clone", (LD_W_ABS, OFFSET_ARG0), (JSET_K, CLONE_NEW_FLAGS, "eperm", "allow"),
+              # clone: refuse namespace flags in its first argument, and a new process (no CLONE_THREAD)
+              "clone", (LD_W_ABS, OFFSET_ARG0), (JSET_K, CLONE_NEW_FLAGS, "eperm", 0),
+              (JSET_K, CLONE_THREAD, "allow", "eperm"),
               # prctl: refuse PR_SET_PDEATHSIG
               "prctl", (LD_W_ABS, OFFSET_ARG0), (JEQ_K, PR_SET_PDEATHSIG, "eperm", "allow"),
               # socket, socketpair: the family (first argument) must be one of ALLOWED_FAMILIES

@@ -25,11 +25,16 @@ writes) through util-linux ``unshare`` and :mod:`tadm.tasks._sandbox_init`:
    ``setresuid`` (which drops every capability); in a user namespace, a nested user namespace maps
    65534 to the evaluator's own uid and nothing else. So the code is never root: even if it gets
    past every Python-level guard it can write only to ``/sandbox`` and its private ``/tmp``, and
-   ``RLIMIT_NPROC`` (0) is enforced, so it cannot fork or run a shell.
+   ``RLIMIT_NPROC`` (``THREADS``) is enforced, and the seccomp filter refuses every new process
+   (point 6), so it cannot fork or run a shell; it may start threads (the ``threading`` idiom
+   for deep recursion with a larger stack), as many as its address space holds stacks for, and
+   no more than ``THREADS`` tasks of the sandbox uid over all concurrent runs.
 4. **Resource limits** set before ``exec`` and inherited: address space (``memory_mb``), CPU
    seconds (``ceil(timeout_s) + 1``), file size (10 MiB -- also caps stdout/stderr, which go to
-   files), open files (64), processes (0; set by ``_sandbox_init`` after the uid switch, as the
-   kernel would otherwise refuse the exec) and core dumps (0).
+   files), open files (64), tasks of the sandbox uid (``THREADS``, 256 over all concurrent runs:
+   threads, as the filter refuses processes; set by ``_sandbox_init`` after the uid switch, as the
+   kernel would otherwise refuse the exec), pending signals (``PENDING_SIGNALS``, 64: each POSIX timer holds one, so
+   ``timer_create`` cannot pin kernel memory) and core dumps (0).
 5. **Nothing outlives the run**: after every run (and on the wall-clock timeout) the evaluator
    SIGKILLs the PID namespace's init -- the program -- which takes every process of the namespace
    with it, whatever session or group it moved to (``setsid``), then ``unshare``'s process group.
@@ -44,7 +49,9 @@ writes) through util-linux ``unshare`` and :mod:`tadm.tasks._sandbox_init`:
    the address-space limit would not count), no sockets but ``AF_UNIX``, ``AF_INET`` and
    ``AF_INET6`` (no ``AF_VSOCK`` to the hypervisor, no netlink or packet sockets), no inotify or
    fanotify (watching the read-only host directories would show other processes' activity), and
-   no clearing of the parent-death signal: each answers EPERM; another ABI kills the process.
+   no clearing of the parent-death signal, and no new process (``clone`` without
+   ``CLONE_THREAD``, ``fork``, ``vfork``; threads are allowed): each answers EPERM; another ABI
+   kills the process.
 7. **A Python prelude** that runs the code: the entry line executes it, it installs its guards,
    then compiles ``main.py`` and runs it as the ``__main__`` module (no line of the code runs
    before the guards; ``from __future__`` imports apply as written; tracebacks give the code's
@@ -123,6 +130,11 @@ __all__ = ["SandboxResult", "SandboxUnavailable", "run_python", "build_program",
 
 FILE_SIZE_LIMIT = 10 * 1024 * 1024  # bytes a program may write to any file, stdout included
 OPEN_FILES_LIMIT = 64
+# RLIMIT_NPROC in the sandbox: tasks of the sandbox uid, every concurrent run's together (the filter
+# refuses processes, so these are threads); one run's threads are bounded by its address space
+# first (each thread's stack counts against memory_mb)
+THREADS = 256
+PENDING_SIGNALS = 64  # RLIMIT_SIGPENDING: queued signals, and so POSIX timers (each holds one)
 STDERR_LIMIT = 4000  # characters of stderr kept (the tail: where a traceback ends)
 PROGRAM_NAME = "main.py"
 CLONE_NEWNET = 0x40000000
@@ -443,6 +455,7 @@ def _limits(timeout_s: float, memory_mb: int, *, nproc: bool = True) -> list[tup
         (resource.RLIMIT_FSIZE, FILE_SIZE_LIMIT, FILE_SIZE_LIMIT),
         (resource.RLIMIT_NOFILE, OPEN_FILES_LIMIT, OPEN_FILES_LIMIT),
         *([(resource.RLIMIT_NPROC, 0, 0)] if nproc else []),  # not enforced for root
+        (resource.RLIMIT_SIGPENDING, PENDING_SIGNALS, PENDING_SIGNALS),
         (resource.RLIMIT_CORE, 0, 0),
     ]
     limits = []
@@ -491,7 +504,7 @@ def _init_argv(isolation: _Isolation, base: str, work: str, env: dict[str, str],
     python = _interpreter()
     spec = {"root": os.path.join(base, "root"), "work": work, "ro": _read_only_paths(python),
             "disk_mb": DISK_MB, "marker": marker, "done": done,
-            "userns": isolation.user_namespace, "uid": SANDBOX_UID, "nproc": 0, "env": env,
+            "userns": isolation.user_namespace, "uid": SANDBOX_UID, "nproc": THREADS, "env": env,
             "argv": [python, "-I", "-S", "-B", entry]}
     return [*isolation.prefix, python, "-I", "-S", "-B", str(INIT_SCRIPT), json.dumps(spec)]
 

@@ -297,10 +297,11 @@ def test_timeout_kills_the_whole_process_group(monkeypatch):
     assert_still_works()
 
 
-def test_nproc_limit_blocks_fork_in_the_sandbox():
-    """The code never runs as root in the sandbox, so RLIMIT_NPROC=0 holds even without the prelude."""
+def test_fork_is_refused_by_the_kernel_in_the_sandbox():
+    """Without the prelude's guards, fork is refused by the seccomp filter (EPERM): the code may
+    start threads, never a process."""
     result = raw("import os\nos.fork()\n")
-    assert result.reason == "error" and "Resource temporarily unavailable" in result.stderr, result
+    assert result.reason == "error" and "PermissionError: [Errno 1]" in result.stderr, result
 
 
 def _network_namespaces_permitted() -> bool:
@@ -730,7 +731,8 @@ def test_seccomp_filter_decides_as_documented(machine):
     assert _run_bpf(insns, table["clone"], arch, 0x10000000) == eperm  # CLONE_NEWUSER
     assert _run_bpf(insns, table["clone"], arch, 0x00020000 | 0x11) == eperm  # CLONE_NEWNS
     assert _run_bpf(insns, table["clone"], arch, 0x003D0F00) == sc.RET_ALLOW  # a thread's flags
-    assert _run_bpf(insns, table["clone"], arch, 0x01200011) == sc.RET_ALLOW  # fork()'s flags
+    assert _run_bpf(insns, table["clone"], arch, 0x01200011) == eperm  # fork()'s flags: a new process
+    assert _run_bpf(insns, table["clone"], arch, 0x00004111) == eperm  # vfork()'s (CLONE_VM | CLONE_VFORK)
     assert _run_bpf(insns, table["prctl"], arch, 1) == eperm  # PR_SET_PDEATHSIG
     assert _run_bpf(insns, table["prctl"], arch, 15) == sc.RET_ALLOW  # PR_SET_NAME
     for call in ("socket", "socketpair"):
@@ -741,6 +743,8 @@ def test_seccomp_filter_decides_as_documented(machine):
     for name in ("shmget", "shmat", "msgget", "semget", "memfd_create", "memfd_secret", "inotify_init1",
                  "inotify_add_watch", "fanotify_init", "fanotify_mark"):
         assert _run_bpf(insns, table["deny"][name], arch) == eperm, name
+    if machine == "x86_64":  # fork and vfork have calls of their own there
+        assert _run_bpf(insns, 57, arch) == eperm and _run_bpf(insns, 58, arch) == eperm
     for nr in (0, 1, 2, 3, 59, 60, 231, 424, 436, 441, 443):  # ordinary calls (x86-64 numbering)
         if nr not in table["deny"].values() and nr not in (table["clone"], table["clone3"], table["prctl"],
                                                            table["socket"], table["socketpair"]):
@@ -928,3 +932,50 @@ def test_leftovers_of_a_killed_evaluator_are_removed_at_the_next_start(tmp_path,
     (tmp_path / f"{sandbox.LEFTOVER_PREFIX}{evaluator.pid}-again").mkdir()
     assert_still_works()
     assert not (tmp_path / f"{sandbox.LEFTOVER_PREFIX}{evaluator.pid}-again").exists()
+
+
+# --- threads under a bound, never a process; pending signals bounded ------------------------------
+
+THREADED_RECURSION = """import sys, threading
+sys.setrecursionlimit(1 << 20)
+threading.stack_size(1 << 26)
+def depth(n):
+    return 0 if n == 0 else 1 + depth(n - 1)
+out = []
+worker = threading.Thread(target=lambda: out.append(depth(100000)))
+worker.start()
+worker.join()
+print(out[0])
+"""
+
+
+def test_threads_run_up_to_the_bound_and_processes_never_start():
+    """The competitive-programming idiom (deep recursion in a thread with a larger stack) runs;
+    a run's threads stop where its address space holds no more stacks (128 MiB here), far below
+    THREADS. (A process, even one the prelude's guards would miss, is refused by the kernel: the
+    filter's decisions and fork without the prelude are tested above.)"""
+    from tadm.tasks import sandbox
+
+    if not sandbox.isolation_available():
+        pytest.skip("the OS sandbox is not available here")
+    result = run_python(THREADED_RECURSION, timeout_s=15)
+    assert result.passed and result.stdout.strip() == "100000", result.stderr
+    many = ("import threading, time\nstarted = 0\n"
+            "for _ in range(64):\n"
+            "    try:\n"
+            "        threading.Thread(target=time.sleep, args=(2,), daemon=True).start()\n"
+            "        started += 1\n"
+            "    except RuntimeError:\n"
+            "        break\n"
+            "print(started)\n")
+    result = run_python(many, timeout_s=15, memory_mb=128)
+    assert result.passed and 0 < int(result.stdout) < 64, (result.stdout, result.stderr)
+
+
+def test_pending_signals_and_so_posix_timers_are_bounded():
+    from tadm.tasks import sandbox
+
+    limits = dict(sandbox._limits(5.0, 256))
+    import resource
+
+    assert limits[resource.RLIMIT_SIGPENDING][0] <= sandbox.PENDING_SIGNALS

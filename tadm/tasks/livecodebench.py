@@ -6,21 +6,31 @@ text) of {"input", "output", "testtype"} -- and optionally ``metadata`` (JSON wi
 ``func_name``). The hub stores private tests compressed (base64 of zlib of a pickled JSON
 string); they are decoded with an unpickler that refuses every object but plain data.
 
-Two kinds of tests:
+Two kinds of tests, graded as LiveCodeBench's own grader (``lcb_runner.evaluation.testing_util``)
+grades them:
 
-* ``stdin`` (AtCoder/Codeforces style): the program reads the input on stdin; its output,
-  stripped, must equal the expected output line by line (each line stripped).
+* ``stdin`` (AtCoder/Codeforces style): the program reads the input on stdin; its output and the
+  expected one, each stripped and cut into stripped lines, must have as many lines, and each line
+  must be equal or, token by token, equal as decimal numbers (``0.50`` is ``0.5``; `same_output`).
+  The program ends normally also through ``SystemExit`` (``sys.exit(0)`` after printing the
+  answer, as the official grader catches it); ``os._exit`` and signals still end it early.
 * ``functional`` (LeetCode style): ``Solution().<method>(*args)``, the arguments being the
-  input's newline-separated JSON values; the result must equal the expected JSON value.
+  input's newline-separated JSON values; the result (a tuple read as a list) must equal the
+  expected JSON value.
 
-A test passes only when the program ran to its last line (the sandbox's completion marker, so
-an early ``sys.exit`` / ``os._exit`` fails it, as in HumanEval) and its output is right. A problem
-is solved when every test passes; scoring stops at the first failure.
+Both run after the official grader's import header (`IMPORT_HEADER`: the star imports of string,
+re, datetime, collections, heapq, bisect, copy, math, random, statistics, itertools, functools,
+operator, io, sys, json, builtins and typing, the plain imports, and a recursion limit of 50,000),
+so a program using ``sqrt`` without importing it runs as it does there. Threads run (the sandbox
+allows them, processes never). A test passes only when the program ran to its end (the sandbox's
+completion marker) and its output is right. A problem is solved when every test passes; scoring
+stops at the first failure. Remaining differences from the official grader: docs/deviations.md.
 """
 
 from __future__ import annotations
 
 import base64
+import decimal
 import io
 import json
 import pickle
@@ -46,13 +56,14 @@ RELEASE = "release_v6"
 RELEASE_FILES = {"release_v6": ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")}
 DATE_WINDOW = {"release_v6": ("2023-05-01", "2025-04-30")}  # inclusive, by contest_date
 
-# Imports LeetCode-style code takes for granted (List, defaultdict, heapq ...).
-FUNCTIONAL_HEADER = (
-    "from typing import *\nfrom collections import *\nfrom functools import *\nfrom itertools import *\n"
-    "import bisect, heapq, math, string\n"
-)
+# The official grader's import header: the modules generated code takes for granted (sqrt,
+# defaultdict, List, heapq ...), star-imported and imported, and a deep recursion limit.
+HEADER_MODULES = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random",
+                  "statistics", "itertools", "functools", "operator", "io", "sys", "json")
+IMPORT_HEADER = ("".join(f"from {m} import *\n" for m in (*HEADER_MODULES, "builtins", "typing"))
+                 + "".join(f"import {m}\n" for m in HEADER_MODULES) + "sys.setrecursionlimit(50000)\n")
 
-__all__ = ["load_livecodebench", "tests", "prompt", "extract_code", "score"]
+__all__ = ["load_livecodebench", "tests", "prompt", "extract_code", "score", "same_output", "IMPORT_HEADER"]
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -210,21 +221,59 @@ def _method_name(row: dict) -> str:
 
 def _functional_program(code: str, method: str) -> str:
     return (
-        FUNCTIONAL_HEADER + code + "\n\n"
+        IMPORT_HEADER + code + "\n\n"
         "import json as _json, sys as _sys\n"
         "_args = [_json.loads(_line) for _line in _sys.stdin.read().split('\\n') if _line.strip()]\n"
-        f"print(_json.dumps(Solution().{method}(*_args)))\n"
+        f"_result = Solution().{method}(*_args)\n"
+        "print(_json.dumps(list(_result) if isinstance(_result, tuple) else _result))\n"
+    )
+
+
+def _stdin_program(code: str) -> str:
+    """The program of a stdin test: the import header, then the code run as the main module
+    (its own line numbers in tracebacks), a ``SystemExit`` at any status ending it normally, as
+    the official grader's ``except SystemExit`` does."""
+    return (
+        IMPORT_HEADER
+        + f"_code = compile({code!r}, 'solution.py', 'exec', dont_inherit=True)\n"
+        "try:\n"
+        "    exec(_code, globals())\n"
+        "except SystemExit:\n"
+        "    pass\n"
     )
 
 
 def _lines(text: str) -> list[str]:
-    return [line.strip() for line in text.strip().splitlines()]
+    return [line.strip() for line in text.strip().split("\n")]
+
+
+def _decimals(line: str) -> list[decimal.Decimal] | None:
+    try:
+        return [decimal.Decimal(token) for token in line.split()]
+    except decimal.InvalidOperation:
+        return None
+
+
+def same_output(got: str, expected: str) -> bool:
+    """The official grader's comparison of a stdin test's output: after stripping, the same number
+    of lines, each stripped line equal or, split on whitespace, equal token by token as decimal
+    numbers (``0.50`` and ``0.5``, ``1e3`` and ``1000``; a token that is not a number fails)."""
+    a, b = _lines(got), _lines(expected)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x == y:
+            continue
+        dx, dy = _decimals(x), _decimals(y)
+        if dx is None or dy is None or dx != dy:
+            return False
+    return True
 
 
 def _passes(case: dict, code: str, method: str | None, sandbox_kw: dict) -> bool:
     if case["testtype"] == "stdin":
-        result = run_python(code, stdin=case["input"], **sandbox_kw)
-        return result.passed and _lines(result.stdout) == _lines(case["output"])
+        result = run_python(_stdin_program(code), stdin=case["input"], **sandbox_kw)
+        return result.passed and same_output(result.stdout, case["output"])
     result = run_python(_functional_program(code, method), stdin=case["input"], **sandbox_kw)
     if not result.passed or not result.stdout.strip():
         return False

@@ -208,15 +208,49 @@ def test_hub_files_read_the_hub_cache_offline_and_fail_in_one_line_without_it(tm
 
 
 @pytest.mark.parametrize("row, code", [
-    # the right output, then an exit before the program's end (stdin tests)
-    (STDIN_ROW, STDIN_GOOD + "import sys\nsys.exit(0)\n"),
-    (STDIN_ROW, STDIN_GOOD + "raise SystemExit\n"),
     # functional tests: the expected result printed by the code itself, then os._exit before the
     # harness's own call could run (this used to pass: the last stdout line matched)
     (FUNCTIONAL_ROW, "import json, os, sys\n_inp = sys.stdin.read()\n"
                      "print('[0, 1]' if _inp.startswith('[2') else '[1, 2]')\nos._exit(0)\n"),
     (FUNCTIONAL_ROW, FUNCTIONAL_GOOD + "import sys\nsys.exit(0)\n"),
+    # a stdin program killed by itself or leaving by os._exit after its output has not ended normally
+    (STDIN_ROW, STDIN_GOOD + "import os\nos._exit(0)\n"),
 ])
 def test_a_program_that_exits_before_its_end_fails(row, code):
-    """A test passes only when the program ran to its last line (the sandbox's completion marker)."""
+    """A test passes only when the program ran to its end (the sandbox's completion marker); for
+    a stdin program a SystemExit is its end (as in the official grader), os._exit is not."""
     assert not lcb.score(row, fenced(code))
+
+
+# --- what the official grader (lcb_runner) accepts -------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [
+    STDIN_GOOD + "import sys\nsys.exit(0)\n",  # an exit after the answer: the grader catches SystemExit
+    STDIN_GOOD + "raise SystemExit\n",
+    STDIN_GOOD + "import sys\nsys.exit(1)\n",  # at any status, as `except SystemExit: pass` does
+    # the deep-recursion idiom: the work in a thread with a larger stack
+    "import sys, threading\nsys.setrecursionlimit(10 ** 6)\nthreading.stack_size(1 << 26)\n"
+    "def main():\n    a, b = map(int, input().split())\n    print(a + b)\n    print(a - b)\n"
+    "threading.Thread(target=main).start()\n",
+    # names of the official import header used without importing them
+    "a, b = map(int, input().split())\nprint(int(sqrt((a + b) ** 2)))\nprint(a - b)\n",
+])
+def test_programs_the_official_grader_accepts_pass(code):
+    assert lcb.score(STDIN_ROW, fenced(code)), code
+
+
+def test_numbers_are_compared_as_decimals_line_by_line():
+    assert lcb.same_output("0.50\n", "0.5") and lcb.same_output("1 2.0  3\n", "1 2 3.00")
+    assert lcb.same_output("1e3", "1000") and lcb.same_output(" 8 \n-2\n", "8\n-2")
+    assert not lcb.same_output("0.51", "0.5") and not lcb.same_output("8\n-2\n0", "8\n-2")
+    assert not lcb.same_output("yes", "Yes") and not lcb.same_output("1 2", "1 2 3")
+    assert not lcb.same_output("50000000000000000", "50000000000000001")  # exact, not close
+    row = {**STDIN_ROW, "public_test_cases": json.dumps([{"input": "1 2\n", "output": "0.5\n", "testtype": "stdin"}]),
+           "private_test_cases": "[]"}
+    assert lcb.score(row, fenced("a, b = map(int, input().split())\nprint(f'{a / b:.2f}')\n"))  # 0.50
+
+
+def test_a_functional_solution_may_use_the_header_and_return_a_tuple():
+    code = FUNCTIONAL_GOOD.replace("return [seen[target - x], i]", "return (seen[target - x], floor(i))")
+    assert lcb.score(FUNCTIONAL_ROW, fenced(code))

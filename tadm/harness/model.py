@@ -207,6 +207,28 @@ def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
+SEED_MAX = 2 ** 63 - 1
+MAX_GEN_TOKS = 1 << 16  # posttrain.max_new_tokens's bound: 16x the paper's longest answer (4,096)
+
+
+def _whole(name: str, value, ge: int, le: int | None = None) -> int:
+    """A model or generation argument that must be a whole number in [ge, le]: a one-line error
+    naming it for anything else (a float is never truncated; text, a list, nan are refused)."""
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise harness_error(name, f"must be a whole number, got {value!r}") from None
+    if isinstance(value, float) and value.is_integer():  # lm-eval reads "-1" as -1.0: whole, not truncated
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise harness_error(name, f"must be a whole number, got {value!r}")
+    if value < ge or (le is not None and value > le):
+        raise harness_error(name, f"must be in [{ge}, {le}], got {value}" if le is not None
+                            else f"must be >= {ge}, got {value}")
+    return value
+
+
 @register_model(MODEL_NAME)
 class TadmLM(LM):
     """One row of Table 1, or of the LLaDA group, as a harness model (module docstring).
@@ -223,7 +245,7 @@ class TadmLM(LM):
                               "(known: row, K, params, root, seed, variant, llada, device, batch_size)")
         if row not in rows():
             raise harness_error("model_args.row", f"must be one of {', '.join(rows())}, got {row!r}")
-        k = None if K is None else int(K)
+        k = None if K is None else _whole("model_args.K", K, 1)
         if row == "tadm" and (k is None or k < 1):
             raise harness_error("model_args.K", f"row tadm needs the refresh interval K >= 1, got {K!r}")
         if row in DG_CACHES and (k is None or k < 2):
@@ -242,11 +264,14 @@ class TadmLM(LM):
                 raise harness_error("--device", f"{e.detail} (lm-eval's default is cuda:0: pass --device cpu "
                                   "on a machine without CUDA)") from None
         p = config.load(Path(params))
+        if k is not None and k > p.posttrain.sample_steps:
+            raise harness_error("model_args.K", f"must be <= posttrain.sample_steps ({p.posttrain.sample_steps}, the "
+                                f"denoising steps per canvas; a larger K refreshes once per canvas), got {k}")
         rt = dataclasses.replace(p.runtime, nproc=1, **({"device": device} if device else {}))
         p = dataclasses.replace(p, runtime=rt)
         if llada is not None:
             p = dataclasses.replace(p, asrd=dataclasses.replace(p.asrd, llada_model=str(llada)))
-        self.p, self.seed = p, p.posttrain.seed if seed is None else int(seed)
+        self.p, self.seed = p, p.posttrain.seed if seed is None else _whole("model_args.seed", seed, 0, SEED_MAX)
         d = runtime.Dist(0, 1, runtime.resolve_device(rt.device), rt.precision)
         self.engine = _LladaRow(p, d, variant) if row == LLADA else _DiffusionGemmaRow(p, d, row, k, Path(root))
         self.method = getattr(self.engine, "method", None)  # Table 1's Method of a DiffusionGemma row
@@ -266,10 +291,8 @@ class TadmLM(LM):
             gen = dict(gen or {})
             until = gen.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            asked = next((int(gen[k]) for k in ("max_gen_toks", "max_new_tokens", "max_tokens")
+            asked = next((_whole(k, gen[k], 1, MAX_GEN_TOKS) for k in ("max_gen_toks", "max_new_tokens", "max_tokens")
                           if gen.get(k) is not None), self.p.posttrain.canvas_length)
-            if asked < 1:
-                raise harness_error("max_gen_toks", f"must be >= 1, got {asked}")
             length = self.engine.length(asked)
             settings.append((context, until, length))
             groups[length].append(i)

@@ -163,6 +163,35 @@ def test_the_launcher_runs_lm_eval_with_the_tadm_model(workspace):
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
 
 
+@pytest.mark.parametrize("extra, words", [
+    (["--confirm"], "unrecognized arguments: --confirm"),  # no prefix matching: never the unsafe flag
+    (["--confirm_run_unsafe_cod"], "unrecognized arguments: --confirm_run_unsafe_cod"),
+    (["--apply_chat_template"], "--apply_chat_template: refused"),
+    (["--limit", "-5"], "--limit: must be > 0"), (["--limit", "0"], "--limit: must be > 0"),
+    (["--num_fewshot", "-1"], "--num_fewshot: must be >= 0"),
+    (["--output_path", "/proc/self/x/out"], "--output_path: '/proc/self/x/out' cannot be written"),
+    (["--model_args", "row=tadm,K=2,K=3"], "K given twice"),
+    (["--model_args", "row=tadm,K=2.5"], "model_args.K: must be a whole number, got 2.5"),
+    (["--model_args", "row=tadm,K=abc"], "model_args.K: must be a whole number, got 'abc'"),
+    (["--model_args", "row=tadm,K=nan"], "model_args.K: must be a whole number, got nan"),
+    (["--model_args", "row=tadm,K=99,params=params.yaml"], "model_args.K: must be <= posttrain.sample_steps"),
+    (["--model_args", "row=tadm,K=2,seed=-1,params=params.yaml"], "model_args.seed: must be in [0,"),
+    (["--gen_kwargs", "max_gen_toks=1000000000"], "max_gen_toks: must be in [1, 65536]"),
+    (["--tasks", "bogus"], "Tasks not found: bogus"),
+])
+def test_every_bad_harness_argument_is_one_line_before_the_evaluation(workspace, extra, words):
+    """Each case of the hardening round: refused with one line naming the argument, a non-zero
+    exit, no traceback, and nothing evaluated (the one line comes before any document runs)."""
+    e = {**env(), "HF_DATASETS_CACHE": str(workspace / ".hf-datasets"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "tadm.harness", "--model", "tadm", "--model_args", "row=tadm,K=2,params=params.yaml",
+           "--tasks", "tadm_arithmetic", "--limit", "1", "--device", "cpu", *extra]
+    done = subprocess.run(cmd, cwd=workspace, env=e, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stderr.strip().splitlines() if "error" in line]
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(lines) == 1 and words in lines[0], done.stderr[-2000:]
+    assert "exact_match" not in done.stdout
+
+
 @pytest.fixture(scope="module")
 def llada_params(workspace, tmp_path_factory):
     """A params file whose asrd.llada_model is a tiny local LLaDA release (weights, config and

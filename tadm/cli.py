@@ -23,14 +23,56 @@ PACKED_DIR = Path("data/packed")
 SFT_DIR = Path("data/sft")
 
 
+class _Parser(argparse.ArgumentParser):
+    """The command line's parser: no prefix matching (``--ref`` is not ``--refresh-every``) and
+    every error one line, exit 2 (argparse prints the usage first otherwise)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _key(key: str, *, entry: bool = False):
+    """An argparse `type` that reads a flag as the params key `key` reads a value (`entry`: one
+    entry of that list key): its type -- an integer is never truncated from a float -- and its
+    ranges and registry, from the declaration params.yaml is checked against."""
+    from tadm.config import notebook as nb
+
+    def parse(text: str):
+        tp = nb.field_type(key, entry=entry)
+        value: object = text
+        if tp is int:
+            try:
+                value = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected an integer (as {key}), got {text!r}") from None
+        elif tp is float:
+            try:
+                value = float(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected a number (as {key}), got {text!r}") from None
+        try:
+            return nb.parameter(key, value, key, entry=entry)
+        except TadmError as e:
+            raise argparse.ArgumentTypeError(getattr(e, "detail", str(e)) + f" (as {key})") from None
+
+    parse.__name__ = key  # argparse names the type in "invalid <type> value" messages
+    return parse
+
+
 def _block_index(text: str) -> int:
-    """--block: a timing block's index, a whole number >= 0 (argparse's one-line error otherwise)."""
+    """--block, --replicate: an index, a whole number in [0, 65535] (argparse's one-line error
+    otherwise; whether that block or replicate exists is checked where it is used)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if not 0 <= value <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535] (an index of a block or a replicate), got {value}")
     return value
 
 
@@ -296,12 +338,15 @@ def cmd_sample(args) -> None:
     import torch
 
     from tadm.data.tokenizer import load_tokenizer
-    from tadm.errors import DataError
+    from tadm.errors import ConfigError, DataError
     from tadm.models import load_pretrained
     from tadm.registry import METHODS, method_for
     from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
 
     p = _params(args)
+    if args.refresh_every > args.steps:
+        raise ConfigError("--refresh-every", f"must be <= --steps ({args.steps}; a larger K refreshes only at the "
+                          f"start, as K = {args.steps} does), got {args.refresh_every}", "python -m tadm sample")
     model = load_pretrained(args.model)
     unit = method_for(model.model_type)
     if unit.adapter is None:
@@ -480,7 +525,7 @@ def cmd_asrd_model(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tadm", description=__doc__.splitlines()[0])
+    ap = _Parser(prog="tadm", description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -505,23 +550,25 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
         p.set_defaults(func=func)
     p = sub.add_parser("count", help="print every model's parameter count at the active profile")
-    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the tokenizer's)")
+    p.add_argument("--vocab", type=_key("tokenizer.vocab_size"), default=None,
+                   help="vocabulary size (default: the tokenizer's; read as tokenizer.vocab_size)")
     p.set_defaults(func=cmd_count)
 
     p = sub.add_parser("sample", help="sample from a trained model (TADM reuses its anchor for K steps)")
     p.add_argument("model", help="a model directory, e.g. models/tadm")
-    p.add_argument("--steps", type=int, default=128, help="reverse steps T")
-    p.add_argument("--refresh-every", type=int, default=1, help="TADM's anchor refresh interval K")
-    p.add_argument("--num", type=int, default=2, help="number of samples")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sampler", default=None, help="mdlm | remdm-cap | remdm-rescale | remdm-conf | remdm-loop | mdlm-fb | mdlm-dfm | "
+    p.add_argument("--steps", type=_key("sample.budgets.T"), default=128, help="reverse steps T")
+    p.add_argument("--refresh-every", type=_key("sample.budgets.K"), default=1,
+                   help="TADM's anchor refresh interval K (<= --steps)")
+    p.add_argument("--num", type=_key("sample.num_samples"), default=2, help="number of samples")
+    p.add_argument("--seed", type=_key("seed"), default=0)
+    p.add_argument("--sampler", type=_key("sample.sampler"), default=None, help="mdlm | remdm-cap | remdm-rescale | remdm-conf | remdm-loop | mdlm-fb | mdlm-dfm | "
                    "sedd-analytic (default: sample.sampler)")
     p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("compute-column", help="Table 2's compute column counted from real sampling runs at the "
                        "paper's depths (12/12/6 layers)")
-    p.add_argument("--steps", type=int, nargs="+", default=None,
+    p.add_argument("--steps", type=_key("sample.compute_column_steps", entry=True), nargs="+", default=None,
                    help="sampling budgets T (default: sample.compute_column_steps)")
     p.add_argument("--out", default="paper_figures", help="directory for table2_compute.{md,csv}")
     p.add_argument("--metrics", default="metrics/compute_column.json")
@@ -533,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "each, runtime.jobs at a time")
     p.add_argument("runs", nargs="*", help="mdlm | adlm | tadm | tadm_gamma0 | sedd | ar (default: train.models)")
     p.add_argument("--data", default=str(PACKED_DIR), help="packed token shards (pack stage output)")
-    p.add_argument("--replicate", type=int, default=0, metavar="K",
+    p.add_argument("--replicate", type=_block_index, default=0, metavar="K",
                    help="train the run's K-th training replicate (seed + K; 1 .. train.replicates - 1) under "
                    "checkpoints/replicates/<run>-s<seed>")
     _add_restart(p)
@@ -598,7 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh-anchor", action="store_true",
                    help="train Table 1's control instead: the same recipe with the anchor recomputed at every step "
                    "(no reuse); writes models/dg_fresh")
-    p.add_argument("--replicate", type=int, default=0, metavar="K",
+    p.add_argument("--replicate", type=_block_index, default=0, metavar="K",
                    help="train the fusion's (with --fresh-anchor: the control's) K-th replicate (posttrain.seed + K; "
                    "1 .. posttrain.replicates - 1) under checkpoints/replicates/dg_posttrain[_fresh]-s<seed>, "
                    "models/replicates/dg_tadm-s<seed> (dg_fresh-s<seed>)")

@@ -147,10 +147,28 @@ def check_output_path(path: str | Path, kind: str = "file", what: str = "--out",
     """Refuse, before any work, an output path whose write would remove what the caller did not
     create (:func:`output_conflict`): a :class:`~tadm.errors.ConfigError` line naming the flag or
     parameter `what` (of the command or notebook `source`) and the path. Returns ``Path(path)``."""
-    why = output_conflict(path, kind, ours)
+    why = output_conflict(path, kind, ours) or unwritable(path)
     if why is not None:
         raise ConfigError(what, f"{why}; refused, nothing was done: name another path, or move it away yourself", source)
     return Path(path)
+
+
+def unwritable(path: str | Path) -> str | None:
+    """Why nothing can be written at `path`, probed now rather than found after the work: its
+    nearest existing folder must take a new file (a temporary one is made there and removed at
+    once); None when it does. /proc, /sys and a read-only or full disk fail the probe."""
+    folder = Path(path).expanduser().absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{path} cannot be written: {folder} is not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tadm-probe-", dir=folder)
+    except OSError as e:
+        return f"{path} cannot be written: {folder} takes no new file ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def check_output_paths(paths: dict[str, tuple[Any, str]], source: str) -> None:

@@ -52,6 +52,14 @@ def _field(key: str) -> tuple[Any, dict]:
     return typing.get_type_hints(cls)[leaf], dict(fields[leaf].metadata)
 
 
+def field_type(key: str, *, entry: bool = False) -> Any:
+    """The annotation of the params key `key` (`entry`: of one entry of that list key)."""
+    tp, _ = _field(key)
+    if entry:
+        (tp,) = typing.get_args(tp)
+    return tp
+
+
 def parameter(name: str, value: Any, key: Optional[str] = None, *, entry: bool = False, tp: Any = None,
               **rules: Any) -> Any:
     """Notebook parameter `name` checked as the params key `key` (its type and rules; `entry`:

@@ -64,7 +64,7 @@ class RuntimeConfig:
 @dataclass
 class Params:
     profile: str = spec("default", nonempty=True)
-    seed: int = spec(0, ge=0)
+    seed: int = spec(0, ge=0, le=2 ** 63 - 1)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)

@@ -30,7 +30,7 @@ class SampleConfig:
     # budgets at which Table 2's compute column is counted at the paper's depths (compute_column
     # stage; independent of the model size); each needs a K in Table 2's schedule
     compute_column_steps: list[int] = spec([2048, 4096], nonempty=True, unique=True, ge=1, le=1 << 20)
-    num_samples: int = spec(5000, ge=1)
+    num_samples: int = spec(5000, ge=1, le=1_000_000)
     batch_size: int = spec(16, ge=1)
     canvas_length: int = spec(1024, ge=1)
     block_size: int = spec(1024, ge=1)  # semi-autoregressive block; = canvas for none

@@ -57,13 +57,49 @@ def probe(rounds: int = PROBE_ROUNDS) -> float:
     return float(np.median(speeds))
 
 
+def lock_dir(records: Path = RECORDS) -> Path:
+    """Where a running stage holds its lock: DVC's own scratch folder (.dvc/tmp, not versioned)
+    where there is one, else the records folder."""
+    scratch = Path(".dvc") / "tmp"
+    return scratch if scratch.is_dir() else records
+
+
+def hold(name: str, records: Path = RECORDS) -> int | None:
+    """Take stage `name`'s lock (an exclusive ``flock`` on <lock_dir>/stage-<name>.lock, holding
+    this process's pid and start time) and return its descriptor; None when another process holds
+    it -- a stage still running, e.g. left behind by a killed ``dvc`` -- after printing one line
+    naming it. The stage's command inherits the descriptor, so the lock lasts while either lives."""
+    import fcntl
+
+    folder = lock_dir(records)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"stage-{name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        print(f"error: stage {name} is already running ({holder}; its lock {path}): a killed dvc can leave its "
+              "stage running -- wait for it to end or stop it, then rerun", file=sys.stderr)
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, started {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode(), 0)
+    return fd
+
+
 def run(name: str, command: list[str], records: Path = RECORDS) -> int:
-    """Run `command`; on exit code 0 write <records>/<name>.json. Returns the exit code."""
+    """Run `command` under stage `name`'s lock (`hold`: exit 3 at once when the stage is already
+    running); on exit code 0 write <records>/<name>.json. Returns the exit code."""
     if not command:
         raise SystemExit("stage_times run: no command given after --")
+    fd = hold(name, records)
+    if fd is None:
+        return 3
     probe_before = probe()
     start, wall = time.time(), time.perf_counter()
-    proc = subprocess.run(_launch(command))
+    proc = subprocess.run(_launch(command), pass_fds=(fd,))
+    os.close(fd)
     seconds = time.perf_counter() - wall
     if proc.returncode == 0:
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux

@@ -1,6 +1,7 @@
 """The pipeline's stage timer: a wrapped command's exit code passes through, a successful one
 leaves a record (wall time, peak RSS of its processes), and `collect` builds the table."""
 
+import os
 import json
 import sys
 
@@ -81,3 +82,38 @@ def test_a_papermill_stage_runs_without_the_iri_grammar_and_executes_the_noteboo
              "    papermill_cli.main()\nexcept SystemExit:\n    pass\nprint('loaded', sys.modules['rfc3987_syntax'])")
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert "Usage: papermill" in shown and shown.rstrip().endswith("loaded None")
+
+
+def test_a_stage_still_running_refuses_a_second_run_in_one_line(tmp_path, monkeypatch):
+    """A killed dvc can leave its stage running; a rerun of that stage beside it is refused (exit
+    3, one line naming the stage and the holder), and once the first run ends -- even when only
+    its command was left, its wrapper killed -- the stage runs again."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
+    first = subprocess.Popen([sys.executable, "-m", "tadm.stage_times", "run", "slow", "--", sys.executable, "-c",
+                              "import time; time.sleep(30)"], cwd=tmp_path, start_new_session=True)
+    lock = tmp_path / ".dvc" / "tmp" / "stage-slow.lock"
+    for _ in range(200):
+        if lock.is_file() and lock.read_text().startswith("pid"):
+            break
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, "-m", "tadm.stage_times", "run", "slow", "--", sys.executable, "-c", "pass"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    err = second.stderr.strip()
+    assert second.returncode == 3 and err.count("\n") == 0 and "stage slow is already running (pid" in err, err
+    first.send_signal(signal.SIGKILL)  # the wrapper alone: its command keeps the lock
+    first.wait()
+    again = subprocess.run([sys.executable, "-m", "tadm.stage_times", "run", "slow", "--", sys.executable, "-c", "pass"],
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 3, again.stderr
+    os.killpg(first.pid, signal.SIGKILL)  # the orphaned command too
+    time.sleep(0.5)
+    done = subprocess.run([sys.executable, "-m", "tadm.stage_times", "run", "slow", "--", sys.executable, "-c", "pass"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "metrics" / "stage_times" / "slow.json").is_file()

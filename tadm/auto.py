@@ -85,6 +85,12 @@ def _build() -> None:
                 raise ValueError(f"{str(path)!r} is not a local checkpoint directory (download a hub repository "
                                  "with huggingface_hub.snapshot_download and pass its path)")
             net = load_pretrained(path, map_location=torch.device(device_map) if device_map else runtime.CPU)
+            for name, t in net.state_dict().items():  # no trained weight is NaN or infinite
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    from tadm.models import CheckpointError
+
+                    raise CheckpointError(f"{path}: tensor {name!r} holds {int((~torch.isfinite(t)).sum())} non-finite "
+                                          f"value(s) of {t.numel()} (NaN or infinity): refused")
             if config is None:
                 config = cls.config_class.from_pretrained(path)
             if config.model_type != net.model_type:

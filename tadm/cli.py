@@ -164,6 +164,11 @@ def cmd_train(args) -> None:
     p = _params(args)
     if args.replicate and len(args.runs) != 1:
         raise TadmError("python -m tadm train: --replicate needs exactly one run (e.g. `train tadm --replicate 1`)")
+    if args.replicate and args.runs[0] not in p.train.replicate_models:
+        from tadm.errors import ConfigError
+
+        raise ConfigError("--replicate", f"run {args.runs[0]!r} has no training replicates (train.replicate_models: "
+                          f"{', '.join(p.train.replicate_models) or 'none'})", "python -m tadm train")
     if len(args.runs) == 1:
         replicate = ["--replicate", str(args.replicate)] if args.replicate else []
         if _relaunched(p, args, "train", args.runs[0], "--data", args.data, *replicate):

@@ -177,7 +177,7 @@ def word_replaced(texts: list[str], fraction: float, seed: int) -> list[str]:
 
 # the ladder past word salad: on the texts with every word replaced, the share of characters (not
 # whitespace) replaced by characters drawn at random from the held-out texts' own characters
-CHAR_LADDER = (0.05, 0.1, 0.2, 0.35, 0.5)
+CHAR_LADDER = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
 
 
 def char_replaced(texts: list[str], fraction: float, seed: int) -> list[str]:

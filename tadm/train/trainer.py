@@ -369,9 +369,6 @@ def train(name: str, p: Params, data_dir: Path = Path("data/packed"), root: Path
         if not 0 < replicate < p.train.replicates:
             raise ConfigError("train.replicates", f"is {p.train.replicates}: there is no training replicate {replicate} "
                               f"(1 .. {p.train.replicates - 1})")
-        if name not in p.train.replicate_models:
-            raise ConfigError("--replicate", f"run {name!r} has no training replicates (train.replicate_models: "
-                              f"{', '.join(p.train.replicate_models) or 'none'})", "python -m tadm train")
         p = dataclasses.replace(p, seed=p.seed + replicate)
     paths = RunPaths.for_run(name, root, replicate, p.seed)
     d = runtime.setup(p.runtime)

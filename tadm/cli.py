@@ -631,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("table1-speed", help="Table 1's timing block B: every main row timed in turns on the block's "
                        "own prompt batches and seed, nothing scored (results/table1_speed/block_B.json)")
     p.add_argument("--block", type=_block_index, required=True,
-                   help="1 <= B < posttrain.speed_blocks (block 0 is the table1 stage's scored pass)")
+                   help="1 <= B < timing.table1_blocks (block 0 is the table1 stage's scored pass)")
     p.add_argument("--root", default=".", help="where models/dg_* are")
     p.add_argument("--sft", default=str(SFT_DIR))
     p.add_argument("--out", default=None, help="default: <root>/results/table1_speed/block_B.json")

@@ -49,7 +49,7 @@ from tadm.config.loader import (
     to_dict,
     write_profile,
 )
-from tadm.config.params import ClaimsConfig, Params, RuntimeConfig
+from tadm.config.params import ClaimsConfig, Params, RuntimeConfig, TimingConfig
 from tadm.config.posttrain import DiffusionGemmaSize, PosttrainConfig
 from tadm.config.pretrain import ModelConfig, TrainConfig
 from tadm.config.reading import MAX_BYTES, MAX_DEPTH, MAX_NODES, read_yaml
@@ -57,7 +57,7 @@ from tadm.config.sampling import Budget, EvalConfig, SampleConfig, TrainedEvalua
 from tadm.errors import ConfigError  # what every check raises (tadm.errors), as before the split
 
 __all__ = [
-    "AsrdConfig", "ClaimsConfig", "ConfigError", "CorpusConfig", "DiffusionGemmaSize", "EvalConfig", "HubSftSource", "MAX_BYTES",
+    "AsrdConfig", "ClaimsConfig", "TimingConfig", "ConfigError", "CorpusConfig", "DiffusionGemmaSize", "EvalConfig", "HubSftSource", "MAX_BYTES",
     "DllmCacheConfig", "MAX_DEPTH", "MAX_NODES", "ModelConfig", "PARAMS_FILE", "PARAMS_HEADER", "PROFILES_DIR", "PackingConfig", "Params",
     "PosttrainConfig", "ROOT", "RuntimeConfig", "Budget", "SampleConfig", "SftConfig", "TokenizerConfig", "TrainConfig",
     "TrainedEvaluatorConfig", "as_bool", "available_profiles", "deep_merge", "from_dict", "load", "merged_profile",

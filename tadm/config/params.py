@@ -62,6 +62,19 @@ class RuntimeConfig:
 
 
 @dataclass
+class TimingConfig:
+    """Speed across invocations (outside the training sections: no run's identity depends on it).
+    Table 1's throughput combines table1_blocks timing blocks, each its own process -- the table1
+    stage's scored pass (block 0) and table1_blocks - 1 timing-only blocks (stages
+    table1_speed@b<i>), each with its own sampling seed and table1_batches full prompt batches of
+    its own (spread over the task's batches): mean log ratio, se on table1_blocks - 1 df. 1: the
+    scored pass alone. (Table 2's blocks: sample.throughput_blocks.)"""
+
+    table1_blocks: int = spec(3, ge=1, le=64)
+    table1_batches: int = spec(2, ge=1, le=1024)
+
+
+@dataclass
 class Params:
     profile: str = spec("default", nonempty=True)
     seed: int = spec(0, ge=0, le=2 ** 63 - 1)
@@ -77,3 +90,4 @@ class Params:
     posttrain: PosttrainConfig = field(default_factory=PosttrainConfig)
     asrd: AsrdConfig = field(default_factory=AsrdConfig)
     claims: ClaimsConfig = field(default_factory=ClaimsConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)

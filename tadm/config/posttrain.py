@@ -105,10 +105,3 @@ class PosttrainConfig:
     # seed of the post-train runs (the base's and the fusion's training: initialisation, data
     # order, per-step draws); the paper's is 42 (App. C.1). The SFT data keep the global seed.
     seed: int = spec(42, ge=0)
-    # Table 1's speed across invocations: speed_blocks timing blocks, each its own process -- the
-    # table1 stage's scored pass (block 0) and speed_blocks - 1 timing-only blocks (stages
-    # table1_speed@b<i>), each with its own sampling seed and speed_batches full prompt batches of
-    # its own (spread over the task's batches); the throughput ratios combine the blocks (mean log
-    # ratio, se on speed_blocks - 1 df). 1: the scored pass alone
-    speed_blocks: int = spec(3, ge=1)
-    speed_batches: int = spec(2, ge=1)

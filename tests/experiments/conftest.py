@@ -108,6 +108,6 @@ def posttrain_workspace(micro_packed, tmp_path_factory) -> Path:
 
 
 def posttrain_raw(**overrides) -> dict:
-    # posttrain.speed_blocks 1: Table 1's speed from its scored pass alone (test_table1_speed times blocks)
+    # timing.table1_blocks 1: Table 1's speed from its scored pass alone (test_table1_speed times blocks)
     return micro_raw(**{"runtime.device": "cpu", "posttrain.eval_batch_size": 3, "sft.validation_fraction": 0.3,
-                        "posttrain.speed_blocks": 1, **overrides})
+                        "timing.table1_blocks": 1, **overrides})

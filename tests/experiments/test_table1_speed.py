@@ -28,7 +28,7 @@ def test_speed_starts_spread_the_blocks_over_the_full_batches():
 
 
 def test_timing_blocks_in_their_own_processes_combine_with_the_scored_pass(posttrain_workspace, tmp_path):
-    raw = posttrain_raw(**{"posttrain.speed_blocks": 3, "posttrain.speed_batches": 1, "posttrain.cache_methods": [],
+    raw = posttrain_raw(**{"timing.table1_blocks": 3, "timing.table1_batches": 1, "posttrain.cache_methods": [],
                            "posttrain.refresh_every": [2]})
     params = tmp_path / "params.yaml"
     params.write_text(json.dumps(raw))
@@ -68,5 +68,5 @@ def test_timing_blocks_in_their_own_processes_combine_with_the_scored_pass(postt
     with pytest.raises(DataError, match=r"block_1.json is missing: .*table1-speed --block 1"):
         table1.run(p, root=posttrain_workspace, sft_dir=posttrain_workspace / "data" / "sft",
                    out=tmp_path / "t3.json", log=lambda *_: None, speed_dir=tmp_path / "nowhere")
-    with pytest.raises(DataError, match="block 0 is not a timing-only block of posttrain.speed_blocks=3"):
+    with pytest.raises(DataError, match="block 0 is not a timing-only block of timing.table1_blocks=3"):
         table1.time_block(p, 0, root=posttrain_workspace)

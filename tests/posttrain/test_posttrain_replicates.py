@@ -32,9 +32,9 @@ from tadm.train import checkpoint as ck
 
 def raw(**overrides) -> dict:
     """The micro profile on the CPU, a validation split large enough for 8 canvases per evaluation."""
-    # posttrain.speed_blocks 1: Table 1's speed from its scored pass alone (test_table1_speed times blocks)
+    # timing.table1_blocks 1: Table 1's speed from its scored pass alone (test_table1_speed times blocks)
     return micro_raw(**{"runtime.device": "cpu", "posttrain.eval_batch_size": 3, "sft.validation_fraction": 0.3,
-                        "posttrain.speed_blocks": 1, **overrides})
+                        "timing.table1_blocks": 1, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_the_table1_keys_are_checked():
     p = config.from_dict(raw())
     q = config.override(p, {"posttrain.replicates": 5, "posttrain.val_every": 9, "posttrain.val_canvases": 3,
                             "posttrain.cache_seeds": [0, 7], "posttrain.replicate_refresh_every": [2],
-                            "posttrain.cache_methods": ["naive"]})
+                            "posttrain.cache_methods": ["naive"], "claims.training_free_comparator": "naive"})
     assert all(k not in pt_train.BASE_KEYS for k in ("replicates", "val_every", "val_canvases"))
     assert set(pt_train.FUSION_IGNORES) >= {"replicates", "val_every", "val_canvases", "cache_seeds",
                                             "replicate_refresh_every"}

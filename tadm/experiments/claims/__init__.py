@@ -76,8 +76,11 @@ Every +- is computed on the difference itself and names what it covers:
   degrees of freedom, each run's own sample variance subtracted) times 2 / n, plus the paired
   bootstraps' within-run variance of the mean difference;
 - one trained model on both sides (the refresh sweep): the paired bootstrap over samples;
-- throughput ratios: the median of paired per-round ratios and its bootstrap se over rounds (the
-  throughput stage times every row in turns; Table 1 over prompt batches);
+- throughput ratios: across timing blocks, each its own process at another point of the pipeline
+  with its own batch seed and step window (Table 2: sample.throughput_blocks; Table 1: its scored
+  pass and timing.table1_blocks - 1 timing-only blocks), exp(mean of the blocks' log ratios) with
+  se = between-block sd / sqrt(B) on B - 1 degrees of freedom (inside a block: the median of paired
+  per-round or per-batch ratios; `tadm.metrics.invocations`);
 - accuracy differences (Table 1's own estimator, `tadm.experiments.table1.accuracy_delta`): the
   per-example difference of means over fusion runs and sampling seeds, bootstrapped over examples,
   plus the pooled between-run variance of the trained fusions' run-level accuracies for each

@@ -28,7 +28,7 @@ where their layer calls equal TADM's; their rows add a paired Δ vs the TADM row
                    seed of their own (:func:`time_block`, results/table1_speed); in each block
                    the median over full prompt batches of the base's time / the method's on the
                    same batch (a paired comparison: the two ran within seconds of each other);
-                   combined exp(mean of the blocks' log ratios) ± between-block sd / sqrt(B) on
+                   combined exp(mean of the blocks' log ratios) ± sqrt(max(between-, within-block var) / B) on
                    B - 1 df (:func:`combine_speed`; one block: its bootstrap se),
     compute x    = decoder-layer calls over the base's (the paper's unit), counted by hooks on the
                    decoder layers during the scored generations; a layer the feature cache runs on
@@ -502,7 +502,7 @@ def load_speed_blocks(p: Params, methods: list[Method], directory: str | Path) -
 def combine_speed(rows: dict[str, dict], task: str, blocks: list[dict]) -> None:
     """Each row's throughput_x of one task, from the scored pass (block 0, its paired speed-up)
     and the timing blocks combined (`tadm.metrics.invocations.combine`): exp(mean of the blocks'
-    log ratios) ± between-block se on B - 1 df (throughput_df); the scored pass's own figure kept as
+    log ratios) ± their se on B - 1 df (throughput_df; never below the within-block part); the scored pass's own figure kept as
     throughput_x_scored, every block's in speed_blocks."""
     from tadm.metrics import invocations
 
@@ -929,7 +929,7 @@ def to_markdown(df) -> str:
             "Throughput: in each timing block (the scored pass and timing.table1_blocks - 1 timing-only processes "
             "on prompt batches and a sampling seed of their own) the median over prompt batches of the base's time / "
             "the method's on the same batch (the methods take turns on every batch); across blocks exp(mean of the "
-            "blocks' log ratios) ± between-block sd / sqrt(blocks). Decoder speed-up: the scored pass's median, the "
+            "blocks' log ratios) ± sqrt(max(between-block, within-block variance) / blocks) on blocks - 1 df. Decoder speed-up: the scored pass's median, the "
             "same way. "
             "Compute: decoder-layer calls over the base's, a partly recomputed layer counted at its share of the "
             f"canvas rows; a cache row is at TADM's budget when the two differ by at most {MATCHED:g} (else \"unmatched\").\n"

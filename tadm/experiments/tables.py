@@ -50,7 +50,7 @@ def read_throughput(path: str | Path = "results/throughput.json") -> dict:
 def with_throughput(df: pd.DataFrame, throughput: dict, source: str = "results/throughput.json") -> pd.DataFrame:
     """`df` (a `long_frame`) with tokens/s (± se) and throughput_vs_adlm (± se) from the throughput
     stage instead of each row stage's own timing: across its timing blocks, the geometric mean of
-    the blocks' tokens/s and exp(mean of the blocks' log ratios) ± between-block se
+    the blocks' tokens/s and exp(mean of the blocks' log ratios) ± their se over the blocks
     (`tadm.experiments.throughput.paired_ratio`). A Table 2 row that samples
     but was not timed there is a DataError (a stale results/throughput.json), never the row's own
     number; rows without a model (Data) get none."""

@@ -344,7 +344,7 @@ def _rows_at(result: dict, T: int, names, batch: int | None) -> dict:
 
 def paired_ratio(result: dict, T: int, row: str, ref: str, *, batch: int | None = None) -> tuple[float, float | None]:
     """`row`'s throughput over `ref`'s at budget T: in a combined result (results/throughput.json)
-    exp(mean of the blocks' log ratios) ± between-block se (on ``ratio_entry(...)["df"]`` df), in
+    exp(mean of the blocks' log ratios) ± its se over the blocks (on ``ratio_entry(...)["df"]`` df), in
     one block the median over rounds of the paired per-round ratios ± its bootstrap se (None with
     one round). Read from the result when it holds it (references adlm, mdlm), else computed the
     same way (a combined result: per block, then combined). `batch`: None (the main timing) or 1
@@ -522,7 +522,9 @@ def _combine_section(sections: list[dict], where: str) -> dict:
             tps = [r["tokens_per_s_median"] for r in blocks]
             log_tps = [math.log(v) for v in tps]
             gm = _gmean(tps)
-            se = gm * statistics.stdev(log_tps) / math.sqrt(len(tps)) if len(tps) > 1 else None
+            ses = [r.get("tokens_per_s_se") for r in blocks]
+            within = statistics.fmean((e / v) ** 2 for e, v in zip(ses, tps)) if all(ses) else 0.0
+            se = (gm * math.sqrt(max(statistics.variance(log_tps), within) / len(tps))) if len(tps) > 1 else None
             flops = [r.get("flops_per_token") for r in blocks]
             entry = {k: row.get(k) for k in _FIXED}
             entry.update(start_steps=[r.get("start_step") for r in blocks], tokens_per_s_blocks=tps,
@@ -547,9 +549,10 @@ def _combine_section(sections: list[dict], where: str) -> dict:
 
 def combine(blocks: list[dict], where: str = str(BLOCKS_DIR)) -> dict:
     """The timing blocks (`run`'s results, blocks 0..B-1 of sample.throughput_blocks = B) combined:
-    per budget, row and reference, the ratio exp(mean of the blocks' log ratios), se = between-
-    block sd / sqrt(B) on B - 1 df, the within- and between-block sd and Cochran's Q
-    (`tadm.metrics.invocations.combine`); tokens/s the blocks' geometric mean (± the same se);
+    per budget, row and reference, the ratio exp(mean of the blocks' log ratios), se =
+    sqrt(max(between-block variance, within-block variance) / B) on B - 1 df, the within- and
+    between-block sd and Cochran's Q (`tadm.metrics.invocations.combine`); tokens/s the blocks'
+    geometric mean (± its se the same way);
     the FLOP bound the blocks' geometric mean. DataError when the blocks are not one set."""
     if not blocks:
         raise DataError(f"{where}: no timing blocks: run `python -m tadm throughput --block 0` (and the others)")
@@ -716,7 +719,7 @@ def _combined_tables(section: dict, refs: list[str], order: list[str]) -> list[s
 
 def to_markdown(result: dict) -> str:
     """The blocks combined (`combine`): one table per budget (and per batch) with each row's
-    tokens/s, its ratios vs ADLM and MDLM (± between-block se) with their FLOP bounds and
+    tokens/s, its ratios vs ADLM and MDLM (± their se over the blocks) with their FLOP bounds and
     measured / bound, the blocks' own ratios vs ADLM, the within- / between-block sd and Q."""
     if result.get("format") == BLOCK_FORMAT:
         return block_markdown(result)
@@ -729,7 +732,8 @@ def to_markdown(result: dict) -> str:
              "alternates between rounds), each diffusion row's window of whole refresh cycles resumed from one paused "
              "state of its own trajectory and scaled to the whole trajectory (AR: its whole draw); a block's ratio is "
              "the median of its paired per-round ratios. Across blocks: ratio = exp(mean of the blocks' log ratios) ± "
-             f"se = between-block sd / sqrt({B}) on {B - 1} df; tok/s the blocks' geometric mean (± the same); within "
+             f"se = sqrt(max(between-block variance, within-block variance) / {B}) on {B - 1} df (never below what the "
+             "blocks' own rounds show); tok/s the blocks' geometric mean (± the same); within "
              "sd: a block's own se of its log ratio (root mean square), between sd: what the blocks' spread adds "
              f"beyond it; Q: Cochran's Q of the blocks on {B - 1} df (p). FLOP bound: the reference's counted FLOPs "
              f"per token over the row's. {result['device']}, autocast {result['autocast']}.", ""]

@@ -8,7 +8,11 @@ on the log scale:
 
     y_b  = log(ratio of block b)                   (its within-block se s_b -> w_b = (s_b / ratio_b)^2)
     y    = mean_b y_b,   ratio = exp(y)
-    se   = sd_b(y_b) / sqrt(B)  on B - 1 df        (the blocks' own spread: within and between)
+    se   = sqrt(max(var_b(y_b), mean_b w_b) / B)  on B - 1 df
+                                                   (the blocks' own spread -- within and between --
+                                                    and never below what their rounds alone show:
+                                                    with a few blocks their sample variance can fall
+                                                    far below it by chance)
     within  sd = sqrt(mean_b w_b)                  (what one block's rounds alone would claim)
     between sd = sqrt(max(0, var_b(y_b) - mean_b w_b))
     Q = sum_b (y_b - y_w)^2 / w_b on B - 1 df      (Cochran's Q, y_w the w-weighted mean: do the
@@ -17,8 +21,8 @@ on the log scale:
 Example::
 
     >>> r = combine([1.8, 2.0, 1.9], [0.02, 0.03, 0.02])
-    >>> round(r["ratio"], 3), r["df"]
-    (1.898, 2)
+    >>> round(r["ratio"], 3), r["df"], round(r["se"], 3)
+    (1.898, 2, 0.058)
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ def cochran_q(values, ses) -> tuple[float, int, float]:
 
 def combine(ratios, ses=None) -> dict:
     """Block ratios (each > 0) and their within-block ses (None or nan: not known) combined on the
-    log scale (module docstring): ratio, se (None with one block), df, log_ratio, log_se,
-    within_sd, between_sd, q, q_df, q_p, blocks (the ratios) and block_se."""
+    log scale (module docstring): ratio, se (None with one block; never below the within-block
+    part), df, log_ratio, log_se, within_sd, between_sd, q, q_df, q_p, blocks (the ratios) and
+    block_se."""
     r = np.asarray(ratios, np.float64)
     if r.ndim != 1 or not len(r) or not np.all(np.isfinite(r)) or np.any(r <= 0):
         raise ValueError(f"combine: block ratios must be finite and positive, got {list(ratios)}")
@@ -56,10 +61,10 @@ def combine(ratios, ses=None) -> dict:
     y = np.log(r)
     mean = float(y.mean())
     ratio = math.exp(mean)
-    log_se = float(y.std(ddof=1) / math.sqrt(B)) if B > 1 else None
     w = (s / r) ** 2
     within = float(math.sqrt(w.mean())) if np.all(np.isfinite(w)) else None
     var = float(y.var(ddof=1)) if B > 1 else None
+    log_se = None if var is None else math.sqrt(max(var, within ** 2 if within is not None else 0.0) / B)
     between = None if var is None or within is None else math.sqrt(max(0.0, var - within ** 2))
     q, q_df, q_p = cochran_q(y, np.sqrt(w)) if within is not None else (float("nan"), B - 1, float("nan"))
     nan = lambda v: None if v is None or not math.isfinite(v) else float(v)  # noqa: E731

@@ -79,7 +79,7 @@ Every +- is computed on the difference itself and names what it covers:
 - throughput ratios: across timing blocks, each its own process at another point of the pipeline
   with its own batch seed and step window (Table 2: sample.throughput_blocks; Table 1: its scored
   pass and timing.table1_blocks - 1 timing-only blocks), exp(mean of the blocks' log ratios) with
-  se = between-block sd / sqrt(B) on B - 1 degrees of freedom (inside a block: the median of paired
+  se = sqrt(max(between-block, within-block variance) / B) on B - 1 degrees of freedom (inside a block: the median of paired
   per-round or per-batch ratios; `tadm.metrics.invocations`);
 - accuracy differences (Table 1's own estimator, `tadm.experiments.table1.accuracy_delta`): the
   per-example difference of means over fusion runs and sampling seeds, bootstrapped over examples,

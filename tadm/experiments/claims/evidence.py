@@ -155,7 +155,7 @@ def posttrain_layer_calls(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None
 @evaluator
 def paired_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
     """rows[0]'s throughput over rows[1]'s at T = budget x L, minus 1: the throughput stage's
-    timing blocks combined (exp of the mean block log ratio, se = between-block sd / sqrt(B) on
+    timing blocks combined (exp of the mean block log ratio, se = sqrt(max(between-, within-block var) / B) on
     B - 1 df), with its measured / FLOP-bound ratio and the within- / between-block parts in the
     notes; the paper's figure placed against this run's interval."""
     T = inp.budget(e.budget)

@@ -635,6 +635,14 @@ def _pm(value: float | None, se: float | None, decimals: int = 2) -> str:
     return f"{value:,.{decimals}f}" + (f" ± {se:,.{decimals}f}" if se is not None else "")
 
 
+def _ratio_cell(v: dict | None) -> str:
+    """One "vs reference" cell: the ratio ± se (FLOP bound; measured / bound), "–" when not timed."""
+    if v is None:
+        return "–"
+    bound = "–" if v.get("bound") is None else f"{v['bound']:.2f}"
+    return f"{_pm(v['ratio'], v['se'])} ({bound}; {_pm(v.get('measured_over_bound'), v.get('measured_over_bound_se'))})"
+
+
 def _tables(section: dict, refs: list[str], order: list[str]) -> list[str]:
     lines = []
     for budget in sorted(section["budgets"].values(), key=lambda b: b["T"]):
@@ -643,15 +651,8 @@ def _tables(section: dict, refs: list[str], order: list[str]) -> list[str]:
                                                    for r in refs) + " | seconds per round |",
                   "|---|---|" + "---|" * len(refs) + "---|"]
         for name in sorted(budget["rows"], key=lambda n: order.index(n) if n in order else len(order)):
-            row, cells = budget["rows"][name], []
-            for r in refs:
-                v = row["vs"].get(r)
-                if v is None:
-                    cells.append("–")
-                    continue
-                bound = "–" if v.get("bound") is None else f"{v['bound']:.2f}"
-                over = _pm(v.get("measured_over_bound"), v.get("measured_over_bound_se"))
-                cells.append(f"{_pm(v['ratio'], v['se'])} ({bound}; {over})")
+            row = budget["rows"][name]
+            cells = [_ratio_cell(row["vs"].get(r)) for r in refs]
             secs = ", ".join(f"{s:.3f}" for s in row["seconds"])
             what = "" if row.get("timed", "window") == "window" else " (whole draw)"
             lines.append(f"| {row['label']}{what} | {_pm(row['tokens_per_s_median'], row['tokens_per_s_se'], 1)} | "
@@ -692,15 +693,8 @@ def _combined_tables(section: dict, refs: list[str], order: list[str]) -> list[s
         lines += [f"T = {budget['T']}, K = {budget['K']}", "", "| " + " | ".join(head) + " |",
                   "|---|" + "---|" * (len(head) - 1)]
         for name in sorted(budget["rows"], key=lambda n: order.index(n) if n in order else len(order)):
-            row, cells = budget["rows"][name], []
-            for r in refs:
-                v = row["vs"].get(r)
-                if v is None:
-                    cells.append("–")
-                    continue
-                bound = "–" if v.get("bound") is None else f"{v['bound']:.2f}"
-                cells.append(f"{_pm(v['ratio'], v['se'])} ({bound}; "
-                             f"{_pm(v.get('measured_over_bound'), v.get('measured_over_bound_se'))})")
+            row = budget["rows"][name]
+            cells = [_ratio_cell(row["vs"].get(r)) for r in refs]
             if first:
                 v = row["vs"].get(first)
                 if v is None:

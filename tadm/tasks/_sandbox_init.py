@@ -14,6 +14,8 @@ root, or root of a fresh user namespace). ``SPEC`` is JSON:
              records the signal it ended the program by (see sandbox.SIGNAL_FD);
 ``done``     a host file descriptor, moved to fd 4: the completion marker (sandbox.DONE_FD), where
              the prelude confirms the code ran to its last line;
+``channel``  in one half of a checked run, two host pipe descriptors (read, write), moved to fds 5
+             and 6 (sandbox.CHANNEL_FDS); empty otherwise;
 ``ro``       host paths shown read-only at the same place (the interpreter, /usr, /lib...);
 ``userns``   whether ``unshare`` made a user namespace (the evaluator is not root);
 ``uid``      the uid/gid the program runs as: as real root, setresuid to it (caps are lost);
@@ -59,6 +61,7 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_SET_PDEATHSIG = 1
 SIGNAL_FD = 3  # the prelude's marker descriptor (sandbox.SIGNAL_FD)
 DONE_FD = 4  # the completion marker's descriptor (sandbox.DONE_FD)
+CHANNEL_FDS = (5, 6)  # a checked run's pipes, read and write (sandbox.CHANNEL_FDS)
 # mount flags a bind remount must keep (statvfs reports them with the same bit values)
 KEPT_FLAGS = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096  # noatime, nodiratime, relatime
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
@@ -193,7 +196,8 @@ def descriptors_to(wanted: dict[int, int]) -> None:
 def main() -> None:
     try:
         spec = json.loads(sys.argv[1])
-        descriptors_to({SIGNAL_FD: spec["marker"], DONE_FD: spec["done"]})
+        channel = dict(zip(CHANNEL_FDS, spec.get("channel", ())))
+        descriptors_to({SIGNAL_FD: spec["marker"], DONE_FD: spec["done"], **channel})
         build_root(spec)
         drop_privileges(spec["uid"], spec["userns"])
         resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))

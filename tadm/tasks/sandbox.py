@@ -90,10 +90,14 @@ set-up -- put none there); the sysctls under ``/proc/sys`` are readable; the set
 milliseconds of CPU) counts against the run's CPU limit; memory outside the address-space limit
 ``memory_mb`` is bounded by the two tmpfs (2 x ``DISK_MB`` = 128 MiB) plus kernel buffers of at
 most ``OPEN_FILES_LIMIT`` descriptors (pipes: 32 of at most 1 MiB each at the kernel's default
-``fs.pipe-max-size``), about 160 MiB per run; the completion marker's secret lives in the
-prelude's memory, so code written to defeat the evaluator -- reading the prelude's frames --
-could forge the marker (it stops early exits, not an adversary of the evaluator; the OS layers
-bound what such code can reach); the syscalls the filter allows are the kernel surface that
+``fs.pipe-max-size``), about 160 MiB per run; in :func:`run_python` the completion marker's
+secret lives in the prelude's memory, so code written to defeat the evaluator -- reading the
+prelude's frames, scanning ``/proc/self/mem`` -- can forge the marker, at once or from an
+``atexit`` handler, a finalizer or a signal handler (there it stops early exits, not an
+adversary; the OS layers bound what such code can reach). :func:`run_checked` closes that: the
+code under test and the code that judges it run in two sandboxes joined by pipes, values cross
+as plain data, and the secret is only in the judge's, which runs none of the other's code; the
+syscalls the filter allows are the kernel surface that
 remains (the seccomp filter is a deny list, not an allow list).
 
 Being pid 1 changes one thing for the code: the kernel ignores default-action signals that a
@@ -105,11 +109,13 @@ hard CPU limit (SIGKILL, reported as "killed") ends such a program instead.
 
 Known costs: ``asyncio`` (needs a socket pair), ``multiprocessing``, ``subprocess`` and
 ``ctypes`` are unavailable; tracebacks start with two frames of the prelude; each run starts the
-interpreter twice (the namespace's init, then the program).
+interpreter twice (the namespace's init, then the program), a checked run four times (two
+sandboxes, started side by side).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import math
@@ -126,7 +132,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SandboxResult", "SandboxUnavailable", "run_python", "build_program", "isolation_available", "PRELUDE"]
+__all__ = ["SandboxResult", "SandboxUnavailable", "run_python", "run_checked", "build_program", "isolation_available", "PRELUDE"]
 
 FILE_SIZE_LIMIT = 10 * 1024 * 1024  # bytes a program may write to any file, stdout included
 OPEN_FILES_LIMIT = 64
@@ -150,6 +156,10 @@ SIGNAL_FD = 3
 # counts for nothing. The secret is read from this file and erased from it before the code starts.
 DONE_FD = 4
 DONE_TAG = "done:"
+# A checked run's two halves (:func:`run_checked`) each read one pipe and write the other, at these
+# descriptors inside (read, write); a message (a call's arguments, or its value) is at most this long.
+CHANNEL_FDS = (5, 6)
+MESSAGE_LIMIT = 16 * 1024 * 1024
 # The file the interpreter runs: one line that executes the prelude, which then runs main.py.
 ENTRY_NAME = "_sandbox_entry.py"
 # Each of the two writable places inside, /sandbox (the cwd) and /tmp, is a tmpfs of this size:
@@ -416,32 +426,176 @@ def _sandbox_guard():
     _imp.create_dynamic = no_fresh_copy(_imp.create_dynamic)
 
 
-def _sandbox_run(done_fd):
-    """Run main.py as the __main__ module; mark the run complete only once its last line ran."""
+def _sandbox_channel(fd_in, fd_out):
+    """A checked run's two halves talk over two pipes in frames (8 bytes of length, then JSON);
+    values cross as plain data (see sandbox.PLAIN_DATA): (send, receive, encode, decode)."""
+    import collections, json, os
+
+    limit = _MESSAGE_LIMIT
+    mappings = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+
+    def _refuse_data(why):
+        raise TypeError(f"not plain data: {why}")
+
+    def pairs_to_dict(pairs):
+        if not all(type(p) is list and len(p) == 2 for p in pairs):
+            _refuse_data("a dict entry is not a pair")
+        return dict(pairs)
+
+    tags = {"tuple": tuple, "set": set, "frozenset": frozenset, "dict": pairs_to_dict,
+            "int": lambda text: int(text, 16), "complex": lambda parts: complex(*parts), "bytes": bytes.fromhex}
+
+    def encode(value):
+        kind = type(value)
+        if value is None or kind is bool or kind is str:
+            return value
+        if kind is int:
+            return value if -2**53 < value < 2**53 else {"int": hex(value)}
+        if kind is float:
+            return value
+        if kind is list:
+            return [encode(v) for v in value]
+        if kind is tuple:
+            return {"tuple": [encode(v) for v in value]}
+        if kind in mappings:  # the standard library's dict types compare equal to a dict
+            return {"dict": [[encode(k), encode(v)] for k, v in dict.items(value)]}
+        if kind is set or kind is frozenset:
+            return {kind.__name__: [encode(v) for v in value]}
+        if kind is complex:
+            return {"complex": [value.real, value.imag]}
+        if kind is bytes:
+            return {"bytes": value.hex()}
+        _refuse_data(f"a value of type {kind.__module__}.{kind.__qualname__}")
+
+    def tagged(pairs):
+        if len(pairs) != 1 or pairs[0][0] not in tags:
+            _refuse_data(f"an object with keys {[k for k, _ in pairs][:4]}")
+        tag, body = pairs[0]
+        if tag in ("tuple", "set", "frozenset", "complex", "dict") and type(body) is not list:
+            _refuse_data(f"{tag} of a {type(body).__name__}")
+        if tag in ("int", "bytes") and type(body) is not str:
+            _refuse_data(f"{tag} of a {type(body).__name__}")
+        if tag == "complex" and not (len(body) == 2 and all(type(x) in (int, float) for x in body)):
+            _refuse_data("a complex is not two numbers")
+        return tags[tag](body)
+
+    def decode(text):
+        return json.loads(text, object_pairs_hook=tagged)
+
+    def send(obj):
+        data = json.dumps(obj, allow_nan=True).encode("utf-8")
+        data = len(data).to_bytes(8, "big") + data
+        while data:
+            data = data[os.write(fd_out, data):]
+
+    def exactly(n):
+        chunks, got = [], 0
+        while got < n:
+            chunk = os.read(fd_in, min(n - got, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def receive():
+        """The next frame's text; None where the other half closed its end."""
+        header = exactly(8)
+        if header is None:
+            return None
+        n = int.from_bytes(header, "big")
+        if n > limit:
+            raise RuntimeError(f"sandbox: a message of {n} bytes is over the {limit}-byte limit")
+        body = exactly(n)
+        if body is None:
+            return None
+        return body.decode("utf-8")
+
+    return send, receive, encode, decode
+
+
+def _sandbox_serve(main, name, channel):
+    """The completion's half of a checked run: once main.py has run, answer each call of its
+    function `name` until the checker closes the channel, every value as plain data."""
+    send, receive, encode, decode = channel
+    while True:
+        text = receive()
+        if text is None:
+            return
+        try:
+            args, kwargs = decode(text)
+            reply = ["value", encode(main.__dict__[name](*args, **kwargs))]
+        except Exception as e:  # noqa: BLE001 -- the function's failure is the checker's to report
+            try:
+                why = f"{type(e).__name__}: {e}"[:2000]
+            except Exception:  # noqa: BLE001
+                why = "an exception whose message cannot be shown"
+            reply = ["raised", why]
+        send(reply)
+
+
+def _sandbox_candidate(channel):
+    """The checker's half: a function that sends its arguments to the completion's process and
+    returns what came back, decoded into fresh built-in objects (never the completion's own)."""
+    send, receive, encode, decode = channel
+
+    def candidate(*args, **kwargs):
+        send([encode(list(args)), {"dict": [[k, encode(v)] for k, v in kwargs.items()]}])
+        text = receive()
+        if text is None:
+            raise RuntimeError("sandbox: the completion's process ended before it answered")
+        reply = decode(text)  # a value, never an object of the completion's (refused as not plain data)
+        if type(reply) is not list or len(reply) != 2 or reply[0] not in ("value", "raised"):
+            raise RuntimeError("sandbox: the completion's process sent something other than a reply")
+        if reply[0] == "raised":
+            raise RuntimeError(f"the candidate raised {str(reply[1])[:2000]}")
+        return reply[1]
+
+    return candidate
+
+
+def _sandbox_run(done_fd, role=None, channel=None):
+    """Run main.py as the __main__ module; mark the run complete only once its last line ran.
+    A checked run's checker (`role` "check") finds the completion's function as
+    ``__sandbox_candidate__``; its completion (`role` ("serve", name)) answers calls of `name`
+    after its last line ran."""
     import os, sys
 
-    secret = os.pread(done_fd, 64, 0)
-    os.ftruncate(done_fd, 0)  # the code cannot read the secret back from the descriptor
+    serve = role is not None and role != "check"  # the solution's half: no secret, no marker
+    if not serve:
+        secret = os.pread(done_fd, 64, 0)
+        os.ftruncate(done_fd, 0)  # the code cannot read the secret back from the descriptor
     main = sys.modules["__main__"]
     main.__dict__["__file__"] = sys.argv[0] = "main.py"
+    if role == "check":
+        main.__dict__["__sandbox_candidate__"] = _sandbox_candidate(_sandbox_channel(*channel))
     with open("main.py", "rb") as f:
         code = compile(f.read(), "main.py", "exec", dont_inherit=True)
     exec(code, main.__dict__)
-    os.pwrite(done_fd, b"done:" + secret, 0)
+    if serve:
+        _sandbox_serve(main, role[1], _sandbox_channel(*channel))
+    else:
+        os.pwrite(done_fd, b"done:" + secret, 0)
 
 
 _sandbox_guard()
-_sandbox_run(_DONE_FD)
+_sandbox_run(_DONE_FD, _ROLE, _CHANNEL)
 '''
 
-def build_program(done_fd: int = DONE_FD) -> str:
+def build_program(done_fd: int = DONE_FD, role: str | tuple[str, str] | None = None,
+                  channel: tuple[int, int] | None = None) -> str:
     """The file the interpreter runs (ENTRY_NAME): one line that executes the prelude, which
     guards, then compiles and runs the code (main.py, beside it) as the ``__main__`` module --
     no line of the code runs before the guards, ``from __future__`` imports apply as written and
     tracebacks give the code's own line numbers -- and writes the completion marker to `done_fd`
-    once the code's last line has run."""
+    once the code's last line has run. In a checked run (:func:`run_checked`) `role` is "check"
+    or ("serve", function name) and `channel` the (read, write) descriptors of its pipes."""
+    if (role is None) != (channel is None):
+        raise ValueError("sandbox: a role needs a channel, and a channel a role")
     return (f"exec(compile({PRELUDE!r}, '<sandbox-prelude>', 'exec'), "
-            f"{{'__name__': '_sandbox_prelude', '_DONE_FD': {int(done_fd)}}})\n")
+            f"{{'__name__': '_sandbox_prelude', '_DONE_FD': {int(done_fd)}, '_ROLE': {role!r}, "
+            f"'_CHANNEL': {None if channel is None else tuple(int(fd) for fd in channel)!r}, "
+            f"'_MESSAGE_LIMIT': {MESSAGE_LIMIT}}})\n")
 
 
 def _limits(timeout_s: float, memory_mb: int, *, nproc: bool = True) -> list[tuple[int, tuple[int, int]]]:
@@ -499,11 +653,11 @@ def _read_only_paths(python: str) -> list[str]:
 
 
 def _init_argv(isolation: _Isolation, base: str, work: str, env: dict[str, str], marker: int, done: int,
-               entry: str) -> list[str]:
+               entry: str, channel: tuple[int, ...] = ()) -> list[str]:
     """unshare ... -- python -I -S _sandbox_init.py SPEC: the run's full argv on the sandbox route."""
     python = _interpreter()
     spec = {"root": os.path.join(base, "root"), "work": work, "ro": _read_only_paths(python),
-            "disk_mb": DISK_MB, "marker": marker, "done": done,
+            "disk_mb": DISK_MB, "marker": marker, "done": done, "channel": list(channel),
             "userns": isolation.user_namespace, "uid": SANDBOX_UID, "nproc": THREADS, "env": env,
             "argv": [python, "-I", "-S", "-B", entry]}
     return [*isolation.prefix, python, "-I", "-S", "-B", str(INIT_SCRIPT), json.dumps(spec)]
@@ -677,6 +831,89 @@ def _signal_from_marker(returncode: int, marker) -> int:
     return -marked if marked == returncode - 128 else returncode
 
 
+class _Launch:
+    """One program started behind the boundary: its throw-away directory, the host files it
+    writes (stdout, stderr, the signal and completion markers) and reads (stdin), its process.
+    `role` and `channel` (host pipe descriptors, (read, write)) make it one half of a checked run
+    (:func:`run_checked`); the descriptors appear inside as CHANNEL_FDS."""
+
+    def __init__(self, program: str, *, timeout_s: float, memory_mb: int, stdin: str,
+                 isolation: _Isolation | None, prelude: bool = False, role=None,
+                 channel: tuple[int, int] | None = None) -> None:
+        self.isolation, self.prelude = isolation, prelude
+        self.stack = contextlib.ExitStack()
+        try:
+            self._start(program, timeout_s, memory_mb, stdin, role, channel)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, program, timeout_s, memory_mb, stdin, role, channel) -> None:
+        isolation = self.isolation
+        self.base = base = tempfile.mkdtemp(prefix=f"{LEFTOVER_PREFIX}{os.getpid()}-")
+        self.stack.callback(_remove_tree, base)
+        work = os.path.join(base, "work")
+        os.mkdir(work)
+        with open(os.path.join(work, PROGRAM_NAME), "w", encoding="utf-8") as f:
+            f.write(program)
+        self.out, self.err, inp, self.marker, self.done = (
+            self.stack.enter_context(tempfile.TemporaryFile()) for _ in range(5))
+        self.secret = secrets.token_hex(16)
+        if role is None or role == "check":  # a checked run's solution half holds no secret
+            self.done.write(self.secret.encode())
+            self.done.flush()
+        host_channel = tuple(channel) if channel is not None else ()
+        entry = PROGRAM_NAME
+        if self.prelude:
+            entry = ENTRY_NAME
+            inside = None if channel is None else CHANNEL_FDS if isolation is not None else host_channel
+            with open(os.path.join(work, ENTRY_NAME), "w", encoding="utf-8") as f:
+                f.write(build_program(DONE_FD if isolation is not None else self.done.fileno(), role, inside))
+        if isolation is not None:
+            os.mkdir(os.path.join(base, "root"))
+            env = {"PATH": SANDBOX_PATH, "HOME": SANDBOX_DIR, "TMPDIR": SANDBOX_DIR, "LC_ALL": "C.UTF-8"}
+            argv = _init_argv(isolation, base, work, env, self.marker.fileno(), self.done.fileno(), entry,
+                              host_channel)
+            cwd, launcher_env = base, {"PATH": SANDBOX_PATH}
+            pass_fds = (self.marker.fileno(), self.done.fileno(), *host_channel)
+            setup = _child_setup(_limits(timeout_s, memory_mb, nproc=False))
+        else:
+            env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": work, "TMPDIR": work, "LC_ALL": "C.UTF-8"}
+            argv, cwd, launcher_env = [sys.executable, "-I", "-S", "-B", entry], work, env
+            setup = _child_setup(_limits(timeout_s, memory_mb), new_net=True)
+            pass_fds = (self.done.fileno(), *host_channel)
+        inp.write(stdin.encode("utf-8"))
+        inp.seek(0)
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env, stdin=inp, stdout=self.out, stderr=self.err,
+                                     close_fds=True, pass_fds=pass_fds, start_new_session=True, preexec_fn=setup)
+        self.stack.callback(self._kill)
+
+    def _kill(self) -> None:
+        _kill_group(self.proc.pid)  # the code's leftovers too, if it ever managed to fork
+        self.proc.wait()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the program to end; whether it ran out of time."""
+        try:
+            self.proc.wait(timeout=max(timeout_s, 0.0))
+            return False
+        except subprocess.TimeoutExpired:
+            return True
+
+    def finish(self) -> tuple[int, str, str, bool]:
+        """Kill what is left of the run; (return code, stdout, stderr, completed)."""
+        self._kill()
+        returncode = self.proc.returncode
+        stdout, stderr = _read(self.out, FILE_SIZE_LIMIT), _read(self.err, FILE_SIZE_LIMIT)
+        completed = self.prelude and _read(self.done, 128) == DONE_TAG + self.secret
+        if self.isolation is not None:
+            returncode = _signal_from_marker(returncode, self.marker)
+        return returncode, stdout, stderr, completed
+
+    def close(self) -> None:
+        self.stack.close()
+
+
 def _spawn(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
            isolation: _Isolation | None, prelude: bool = False) -> tuple[int, bool, str, str, bool]:
     """Run `program` (main.py); (return code, timed out, stdout, stderr, completed). With
@@ -684,49 +921,13 @@ def _spawn(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
     `completed` says whether the completion marker is there; without, `program` runs as given and
     `completed` is False. `isolation` None is the unsafe host route: a plain child in a throw-away
     directory (see the module docstring)."""
-    base = tempfile.mkdtemp(prefix=f"{LEFTOVER_PREFIX}{os.getpid()}-")
+    launch = _Launch(program, timeout_s=timeout_s, memory_mb=memory_mb, stdin=stdin, isolation=isolation,
+                     prelude=prelude)
     try:
-        work = os.path.join(base, "work")
-        os.mkdir(work)
-        with open(os.path.join(work, PROGRAM_NAME), "w", encoding="utf-8") as f:
-            f.write(program)
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp, \
-                tempfile.TemporaryFile() as marker, tempfile.TemporaryFile() as done:
-            secret = secrets.token_hex(16)
-            done.write(secret.encode())
-            done.flush()
-            entry = PROGRAM_NAME
-            if prelude:
-                entry = ENTRY_NAME
-                with open(os.path.join(work, ENTRY_NAME), "w", encoding="utf-8") as f:
-                    f.write(build_program(DONE_FD if isolation is not None else done.fileno()))
-            if isolation is not None:
-                os.mkdir(os.path.join(base, "root"))
-                env = {"PATH": SANDBOX_PATH, "HOME": SANDBOX_DIR, "TMPDIR": SANDBOX_DIR, "LC_ALL": "C.UTF-8"}
-                argv = _init_argv(isolation, base, work, env, marker.fileno(), done.fileno(), entry)
-                cwd, launcher_env, pass_fds = base, {"PATH": SANDBOX_PATH}, (marker.fileno(), done.fileno())
-                setup = _child_setup(_limits(timeout_s, memory_mb, nproc=False))
-            else:
-                env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": work, "TMPDIR": work, "LC_ALL": "C.UTF-8"}
-                argv, cwd, launcher_env = [sys.executable, "-I", "-S", "-B", entry], work, env
-                setup, pass_fds = _child_setup(_limits(timeout_s, memory_mb), new_net=True), (done.fileno(),)
-            inp.write(stdin.encode("utf-8"))
-            inp.seek(0)
-            proc = subprocess.Popen(argv, cwd=cwd, env=launcher_env, stdin=inp, stdout=out, stderr=err,
-                                    close_fds=True, pass_fds=pass_fds, start_new_session=True, preexec_fn=setup)
-            try:
-                returncode, timed_out = proc.wait(timeout=timeout_s), False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _kill_group(proc.pid)  # the code's leftovers too, if it ever managed to fork
-                returncode = proc.wait()
-            stdout, stderr = _read(out, FILE_SIZE_LIMIT), _read(err, FILE_SIZE_LIMIT)
-            completed = prelude and _read(done, 128) == DONE_TAG + secret
-            if isolation is not None:
-                returncode = _signal_from_marker(returncode, marker)
+        timed_out = launch.wait(timeout_s)
+        returncode, stdout, stderr, completed = launch.finish()
     finally:
-        _remove_tree(base)
+        launch.close()
     return returncode, timed_out, stdout, stderr, completed
 
 
@@ -762,6 +963,63 @@ def _run_program(program: str, *, timeout_s: float, memory_mb: int, stdin: str,
         passed=returncode == 0 and not timed_out and completed, completed=completed, returncode=returncode,
         timed_out=timed_out, stdout=stdout, stderr=_tail(stderr), reason=reason,
     )
+
+
+def run_checked(solution: str, checker: str, function: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
+                unsafe_host_execution: bool = False) -> SandboxResult:
+    """Check untrusted code by trusted tests, each in a sandbox of its own: `solution` (say, a
+    prompt and a model's completion) defines `function`; `checker` (the tests) calls it as
+    ``__sandbox_candidate__``, and has passed once its last line ran (the completion marker, in
+    the checker's run alone) and it exited 0.
+
+    The two programs are two runs of :func:`run_python`'s boundary (separate PID, mount, network
+    and IPC namespaces each), joined by two pipes: a call sends its arguments to the solution's
+    process, which calls `function` there and sends back the value, and the checker receives it
+    as plain data -- None, bool, int, float, complex, str, bytes and lists, tuples, dicts, sets and
+    frozensets of them, rebuilt as fresh built-in objects (the standard library's dict types travel
+    as a dict). A value of any other type -- an object of a class the solution defined, whatever
+    its ``__eq__`` -- fails the call, as does an exception in `function` (the checker sees a
+    RuntimeError naming it). So nothing the solution does in its own process reaches the tests:
+    not ``sys.settrace`` / ``setprofile``, frame walking, replaced ``builtins``, atexit handlers,
+    finalizers or signal handlers; and the checker's secret is in no memory the solution can
+    read (another PID namespace: not in its /proc, not signalled, not traced). `timeout_s` and
+    `memory_mb` apply to each process; the run times out when the checker has not ended by then.
+    ``stdout`` is the solution's, ``stderr`` the checker's with the solution's after it.
+    """
+    if not function.isidentifier():
+        raise ValueError(f"sandbox: function must be a Python identifier, got {function!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"sandbox: timeout_s must be > 0, got {timeout_s}")
+    if not memory_mb > 0:
+        raise ValueError(f"sandbox: memory_mb must be > 0, got {memory_mb}")
+    isolation = _isolation_or_reason()
+    if not isinstance(isolation, _Isolation):
+        if not unsafe_host_execution:
+            _refuse(str(isolation))
+        _warn_unsafe(str(isolation))
+        isolation = None
+    with contextlib.ExitStack() as stack:
+        calls, replies = os.pipe(), os.pipe()  # (read, write) each: checker -> solution, solution -> checker
+        host_ends = [*calls, *replies]
+        stack.callback(lambda: [os.close(fd) for fd in host_ends])
+        kw = dict(timeout_s=timeout_s, memory_mb=memory_mb, stdin="", isolation=isolation, prelude=True)
+        solver = _Launch(solution, role=("serve", function), channel=(calls[0], replies[1]), **kw)
+        stack.callback(solver.close)
+        tests = _Launch(checker, role="check", channel=(replies[0], calls[1]), **kw)
+        stack.callback(tests.close)
+        for fd in host_ends:  # only the two halves hold the pipes now: either one's end is seen by the other
+            os.close(fd)
+        host_ends.clear()
+        timed_out = tests.wait(timeout_s)
+        returncode, _, check_err, completed = tests.finish()
+        _, stdout, solve_err, _ = solver.finish()
+    if returncode == -signal.SIGXCPU:
+        timed_out = True
+    stderr = check_err + (f"\n[the solution's process]\n{_tail(solve_err)}" if solve_err.strip() else "")
+    return SandboxResult(
+        passed=returncode == 0 and not timed_out and completed, completed=completed, returncode=returncode,
+        timed_out=timed_out, stdout=stdout, stderr=_tail(stderr), reason=_classify(returncode, timed_out, check_err,
+                                                                                   completed))
 
 
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, stdin: str = "",

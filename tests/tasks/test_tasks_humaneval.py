@@ -49,12 +49,28 @@ def test_completion_is_cut_at_stop_sequences(problems):
     assert humaneval.truncate("    def inner():\n        return 1\n    return inner()\n").count("def inner") == 1
 
 
-def test_completion_code_layout(problems):
+def test_the_checked_programs_layout(problems):
+    """The completion's program holds no test; the checker's holds the prompt (its helpers), the
+    entry point's name bound to the completion's function, the tests and the check call."""
     p = problems["HumanEval/7"]
-    code = humaneval.completion_code(p, "    return []\n")
-    assert code.startswith(p["prompt"] + "    return []\n")
-    assert p["test"] in code
-    assert code.rstrip().endswith(f"check({p['entry_point']})")
+    solution, checker = humaneval.checked_programs(p, "    return []\ndef more(): pass\n")
+    assert solution == p["prompt"] + "    return []"  # cut at the stop sequence
+    assert p["test"] not in solution and "return []" not in checker
+    assert checker.startswith(p["prompt"]) and p["test"] in checker
+    assert f"{p['entry_point']} = __sandbox_candidate__" in checker
+    assert checker.rstrip().endswith(f"check({p['entry_point']})")
+
+
+def test_every_canonical_solution_passes_and_every_empty_body_fails(problems):
+    """All 164 problems: the canonical solution passes (some tests call the entry point by name,
+    or use the prompt's helpers) and the prompt alone -- a body of its docstring -- does not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        canonical = list(pool.map(lambda q: humaneval.score(q, q["canonical_solution"], timeout_s=20), problems.values()))
+        empty = list(pool.map(lambda q: humaneval.score(q, "", timeout_s=20), problems.values()))
+    assert [k for k, ok in zip(problems, canonical) if not ok] == []
+    assert [k for k, ok in zip(problems, empty) if ok] == []
 
 
 def test_infinite_loop_completion_fails_by_timeout(problems):

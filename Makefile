@@ -53,9 +53,11 @@ dry-run: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
-## Switch params.yaml to another profile: make profile PROFILE=paper
+## Switch params.yaml to another profile: make profile PROFILE=paper. Refused where HEAD commits
+## the results of another profile (`dvc repro` would overwrite them): FORCE=1 switches all the same,
+## `python -m tadm profile default --restore` brings the committed run back (README).
 profile: setup
-	$(BIN)/python -m tadm profile $(PROFILE)
+	$(BIN)/python -m tadm profile $(PROFILE) $(if $(FORCE),--force)
 
 ## Re-resolve requirements/base.in into the pinned lock file.
 lock:

@@ -19,7 +19,7 @@ wrote loads.
 Registration also bounds how transformers reads a ``config.json`` from then on (`bound_config_reading`):
 at most ``tadm.weights_header.MAX_CONFIG_BYTES`` (1 MiB) and nested no deeper than the
 interpreter allows, checked before the file is read, for any model of the process; a config that
-carries the project's ``format_version`` but a ``model_type`` that is not one of `FAMILIES` is
+carries the project's ``format_version`` but a ``model_type`` that is not one of `families()` (every method unit's) is
 refused in one line instead of loading another architecture with random weights.
 
 Registration is lazy: importing transformers' Auto classes costs seconds and `import tadm` a
@@ -36,16 +36,23 @@ from pathlib import Path
 
 from tadm.errors import DataError
 
-FAMILIES = ("mdlm", "adlm", "tadm", "sedd", "ar")
+
+
+def families() -> tuple[str, ...]:
+    """The model_type of every method unit (`tadm.registry.METHODS`), in registration order."""
+    from tadm.registry import METHODS
+
+    return tuple(dict.fromkeys(unit.model.model_type for unit in METHODS.values()))
+
 AUTO_MODULE = "transformers.models.auto.modeling_auto"  # AutoModel's module: imported by any Auto use
 _CLASSES: dict[str, tuple[type, type]] = {}
 
 
 def classes(model_type: str) -> tuple[type, type]:
     """(config class, model class) of `model_type`, built once (this imports transformers)."""
-    if model_type not in FAMILIES:
-        raise ValueError(f"no transformers class for model_type {model_type!r}; known: {', '.join(FAMILIES)}")
-    if not _CLASSES:
+    if model_type not in families():
+        raise ValueError(f"no transformers class for model_type {model_type!r}; known: {', '.join(families())}")
+    if model_type not in _CLASSES:
         _build()
     return _CLASSES[model_type]
 
@@ -84,13 +91,8 @@ def _build() -> None:
             if not path.is_dir():
                 raise ValueError(f"{str(path)!r} is not a local checkpoint directory (download a hub repository "
                                  "with huggingface_hub.snapshot_download and pass its path)")
+            # strict, and refuses non-finite weights (tadm.models.io.check_finite)
             net = load_pretrained(path, map_location=torch.device(device_map) if device_map else runtime.CPU)
-            for name, t in net.state_dict().items():  # no trained weight is NaN or infinite
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    from tadm.models import CheckpointError
-
-                    raise CheckpointError(f"{path}: tensor {name!r} holds {int((~torch.isfinite(t)).sum())} non-finite "
-                                          f"value(s) of {t.numel()} (NaN or infinity): refused")
             if config is None:
                 config = cls.config_class.from_pretrained(path)
             if config.model_type != net.model_type:
@@ -109,7 +111,9 @@ def _build() -> None:
             out = self.net(input_ids, input_ids) if self.config.model_type == "tadm" else self.net(input_ids)
             return out[0] if isinstance(out, tuple) else out
 
-    for model_type in FAMILIES:
+    for model_type in families():
+        if model_type in _CLASSES:
+            continue
         name = model_type.upper()
         config_cls = type(f"{name}Config", (TadmConfig,), {"model_type": model_type, "__module__": __name__})
         model_cls = type(f"{name}Model", (TadmPreTrainedModel,), {"config_class": config_cls, "__module__": __name__})
@@ -120,7 +124,7 @@ def bound_config_reading() -> None:
     """transformers' config reader (``PretrainedConfig._dict_from_json_file``) through the
     project's bounded reader: a ValueError line, before the file is read, for a config.json over
     1 MiB or nested too deeply, and for a TADM checkpoint's config (it has ``format_version``)
-    whose model_type is not one of `FAMILIES`. Idempotent."""
+    whose model_type is not one of `families()`. Idempotent."""
     from transformers.configuration_utils import PretrainedConfig
 
     if getattr(PretrainedConfig._dict_from_json_file, "_tadm_bounded", False):
@@ -131,10 +135,10 @@ def bound_config_reading() -> None:
 
     def _dict_from_json_file(cls, json_file):
         raw = wh.read_json(Path(json_file), error=_ConfigRefused)
-        if "format_version" in raw and "model_type" in raw and raw["model_type"] not in FAMILIES:
+        if "format_version" in raw and "model_type" in raw and raw["model_type"] not in families():
             raise _ConfigRefused(f"{str(json_file)!r}: a TADM checkpoint's config (format_version "
                                  f"{raw['format_version']!r}) with model_type {raw['model_type']!r}, not one of "
-                                 f"{', '.join(FAMILIES)}: refused rather than loading another architecture")
+                                 f"{', '.join(families())}: refused rather than loading another architecture")
         return decode(raw)
 
     _dict_from_json_file._tadm_bounded = True
@@ -152,7 +156,7 @@ def register() -> None:
 
     bound_config_reading()
 
-    for model_type in FAMILIES:
+    for model_type in families():
         config_cls, model_cls = classes(model_type)
         AutoConfig.register(model_type, config_cls, exist_ok=True)
         AutoModel.register(config_cls, model_cls, exist_ok=True)
@@ -179,13 +183,24 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _on_method(name: str, unit) -> None:
+    """A method unit registered after the Auto classes were: register its family too."""
+    if _CLASSES and AUTO_MODULE in sys.modules:
+        register()
+
+
 def install() -> None:
-    """Have the Auto classes know TADM's families: at once when transformers' Auto module is
-    loaded, else right after it is (`import tadm` calls this)."""
+    """Have the Auto classes know TADM's families -- every method unit's, also one defined later
+    (a `tadm.registry.METHODS` listener) --: at once when transformers' Auto module is loaded,
+    else right after it is (`import tadm` calls this)."""
+    from tadm.registry import METHODS
+
+    if _on_method not in METHODS._listeners:
+        METHODS.subscribe(_on_method)
     if AUTO_MODULE in sys.modules:
         register()
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())
 
 
-__all__ = ["FAMILIES", "classes", "register", "install"]
+__all__ = ["classes", "families", "register", "install"]

@@ -81,12 +81,30 @@ def _params(args) -> config.Params:
 
 
 def cmd_profile(args) -> None:
+    """Show the active profile, or switch params.yaml to another: refused (one line) where HEAD
+    commits the results of another profile, unless --force; --restore brings the committed run
+    back (tadm.config._switch)."""
+    from tadm.config import _switch
+    from tadm.errors import ConfigError
+
+    if args.restore:
+        if args.name is not None:
+            config.render_profile(args.name)  # an unknown name: its own line first
+        for line in _switch.restore(args.name, Path(args.params)):
+            print(line)
+        return
     if args.name is None:
+        if args.force:
+            raise ConfigError("--force", "needs a profile name: python -m tadm profile NAME --force", source=_switch.SOURCE)
         current = config.load(args.params).profile if Path(args.params).exists() else "(none)"
         print(f"active profile: {current}; available: {', '.join(config.available_profiles())}")
         return
+    config.render_profile(args.name)  # an unknown or broken profile: its own line, before git is asked
+    note = _switch.check_switch(args.name, Path(args.params), force=args.force)
     path = config.write_profile(args.name, args.params)
     print(f"wrote {path} from profiles/{args.name}.yaml")
+    if note:
+        print(note)
 
 
 def cmd_check(args) -> None:
@@ -536,6 +554,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="show the active profile or switch params.yaml to another")
     p.add_argument("name", nargs="?", help="default | paper | micro (see profiles/)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--force", action="store_true",
+                     help="switch even though HEAD commits the results of another profile (`dvc repro` then "
+                     "overwrites them here; a checkout of its own, git worktree add, keeps them)")
+    how.add_argument("--restore", action="store_true",
+                     help="bring the committed run back: params.yaml, dvc.lock and the outputs git tracks as HEAD "
+                     "has them, then dvc checkout")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("check", help="validate params.yaml and estimate whether its models fit the machine's memory")

@@ -27,6 +27,12 @@ class Registry(Mapping[str, Any]):
     def __init__(self, concept: str, home: str):
         self.concept, self.home = concept, home
         self._units: dict[str, Any] = {}
+        self._listeners: list = []
+
+    def subscribe(self, listener) -> None:
+        """Call ``listener(name, unit)`` for every unit registered from now on (a place that
+        mirrors the registry elsewhere, e.g. transformers' Auto classes, `tadm.auto`)."""
+        self._listeners.append(listener)
 
     def register(self, name: str, unit: Any) -> None:
         """Add `unit` under `name`; a name registered twice by different units is an error."""
@@ -36,6 +42,8 @@ class Registry(Mapping[str, Any]):
         if known is not None and known is not unit and known != unit and _label(known) != _label(unit):
             raise ValueError(f"{self.concept} {name!r} is registered twice: {_label(known)} and {_label(unit)}")
         self._units[name] = unit
+        for listener in self._listeners:
+            listener(name, unit)
 
     def unregister(self, name: str) -> Any:
         """Remove `name` (a test's own unit, once the test is done); returns its unit."""

@@ -7,6 +7,8 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,7 +17,16 @@ from tadm import config
 from tadm import memory_estimate as me
 from tadm.errors import ConfigError
 
-PARAMS_TEXT = config.PARAMS_FILE.read_text()
+
+def _default_params_text() -> str:
+    """params.yaml as `python -m tadm profile default` writes it (the committed one), never the
+    checkout's params.yaml, which may be switched to another profile."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return config.write_profile("default", Path(scratch) / "params.yaml").read_text()
+
+
+PARAMS_TEXT = _default_params_text()
+DEFAULT = config.from_dict(config.render_profile("default"))
 
 
 def _check(path, limit_bytes=None):
@@ -164,7 +175,7 @@ def test_non_utf8_bytes_name_the_file_and_offset(tmp_path):
     with pytest.raises(ConfigError, match="utf16.yaml: not UTF-8 text: byte 0xff at byte offset 0"):
         config.load(utf16)
     bom = _write(tmp_path, b"\xef\xbb\xbf" + PARAMS_TEXT.encode(), "bom.yaml")  # a UTF-8 BOM is fine
-    assert config.load(bom) == config.load(config.PARAMS_FILE)
+    assert config.load(bom) == DEFAULT
 
 
 @pytest.mark.parametrize("kind", ["flow-sequence", "flow-mapping", "block-mapping"])
@@ -197,7 +208,7 @@ def test_small_aliases_still_load(tmp_path):
     text = PARAMS_TEXT.replace("seed: 0\n", "seed: &zero 0\n", 1).replace("  eval_examples: 0\n  seeds:\n  - 0\n  - 1\n  batch_size: 32",
                                                                           "  eval_examples: *zero\n  seeds:\n  - 0\n  - 1\n  batch_size: 32")
     assert "*zero" in text
-    assert config.load(_write(tmp_path, text)) == config.load(config.PARAMS_FILE)
+    assert config.load(_write(tmp_path, text)) == DEFAULT
 
 
 @pytest.mark.parametrize("text,got", [("- a\n- b\n", "a list"), ("just a string\n", "str"), ("42\n", "int")])
@@ -215,9 +226,12 @@ def test_other_odd_files_are_one_line(tmp_path):
         config.load(_write(tmp_path, PARAMS_TEXT.replace("  local_paths: []", "  local_paths: [[[a, b], c]]", 1)))
 
 
-def test_committed_params_and_profiles_load_unchanged():
-    assert config.load(config.PARAMS_FILE) == config.from_dict(config.render_profile("default"))
-    assert config.load(config.PROFILES_DIR / "default.yaml") == config.load(config.PARAMS_FILE)
+def test_committed_params_and_profiles_load_unchanged(tmp_path):
+    from committed import read_bytes  # as HEAD commits them (the working params.yaml may be another profile's)
+
+    committed = config.load(_write(tmp_path, read_bytes("params.yaml")))
+    assert committed == config.load(_write(tmp_path, read_bytes("profiles/default.yaml"), "default.yaml"))
+    assert config.load(config.PROFILES_DIR / "default.yaml") == DEFAULT == config.load(_write(tmp_path, PARAMS_TEXT))
 
 
 # --------------------------------------------------------------------------- memory in `check`
@@ -322,12 +336,14 @@ def test_estimate_refuses_against_the_given_memory():
     assert base.parameters == 26_000_000_000 and base.state_bytes == 52_000_000_000  # bf16, frozen
 
 
-def test_check_reports_the_memory_of_the_committed_params():
-    proc = subprocess.run([sys.executable, "-m", "tadm", "check"], capture_output=True, text=True, cwd=config.ROOT, timeout=120)
+def test_check_reports_the_memory_of_the_committed_params(tmp_path):
+    path = _write(tmp_path, PARAMS_TEXT)  # the default profile's, as committed
+    proc = subprocess.run([sys.executable, "-m", "tadm", "--params", str(path), "check"], capture_output=True, text=True,
+                          cwd=config.ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0] == "params.yaml: valid (profile 'default')"
+    assert proc.stdout.splitlines()[0] == f"{path}: valid (profile 'default')"
     assert re.match(r"memory: the largest need is about [\d.]+ GiB \(.+\) of [\d.]+ GiB ", proc.stdout.splitlines()[1])
-    p = config.load()
+    p = DEFAULT
     line = proc.stdout.splitlines()[2]  # the committed micro-batch (the whole global batch) fits this machine
     assert line == (f"micro-batch: train.micro_batch is {p.train.micro_batch}; the largest that fits this machine: "
                     + ", ".join(f"{p.train.global_batch} ({m})" for m in p.train.models)), line

@@ -97,7 +97,8 @@ def _papermill(tmp_path, nb: str, *args: str):
 
 def test_papermill_prints_the_cells_one_line_and_exits_2(tmp_path):
     """Before: `-p K 2.7` ran with K = 2; a bad parameter's error came with papermill's cell traceback."""
-    proc, out = _papermill(tmp_path, "table1.ipynb", "-p", "K", "2.7")
+    params = config.write_profile("default", tmp_path / "params.yaml")  # not the checkout's (any profile)
+    proc, out = _papermill(tmp_path, "table1.ipynb", "-p", "K", "2.7", "-p", "params_file", str(params))
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "error: notebook parameter: K: expected an integer, got 2.7", proc.stderr
@@ -108,7 +109,8 @@ def test_papermill_prints_the_cells_one_line_and_exits_2(tmp_path):
 
 def test_papermill_refuses_a_list_parameter_given_as_a_number(tmp_path):
     """Before: `-p K_values 4` was a raw TypeError in refresh_sweep."""
-    proc, _ = _papermill(tmp_path, "refresh_sweep.ipynb", "-p", "K_values", "4")
+    params = config.write_profile("default", tmp_path / "params.yaml")  # not the checkout's (any profile)
+    proc, _ = _papermill(tmp_path, "refresh_sweep.ipynb", "-p", "K_values", "4", "-p", "params_file", str(params))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: notebook parameter: K_values: expected a list of an integer, got 4"), proc.stderr

@@ -36,7 +36,7 @@ def test_auto_resolves_to_the_cpu_here_and_cuda_is_refused_without_one():
     with pytest.raises(ConfigError, match="runtime.device"):
         runtime.resolve_device("cuda")
     with pytest.raises(ConfigError, match="runtime.device"):
-        config.override(config.load(config.PARAMS_FILE), {"runtime.device": "gpu0"})
+        config.override(config.from_dict(config.render_profile("default")), {"runtime.device": "gpu0"})
 
 
 def test_every_profile_has_the_runtime_section():

@@ -34,20 +34,30 @@ def test_sections_have_their_examples():
 
 
 @pytest.fixture
+def default_load(tmp_path, monkeypatch):
+    """`tadm.config.load()`, the examples' run params, reads the default profile's params.yaml,
+    written here: the checkout's params.yaml may be switched to another profile."""
+    from tadm import config
+
+    params, real = config.write_profile("default", tmp_path / "params.yaml"), config.load
+    monkeypatch.setattr(config, "load", lambda path=params: real(path))
+
+
+@pytest.fixture
 def unregister_eager():
     yield
     if "mdlm-eager" in SAMPLERS._units:
         SAMPLERS.unregister("mdlm-eager")
 
 
-def test_a_sampler(unregister_eager):
+def test_a_sampler(unregister_eager, default_load):
     namespace = {"model": random_model("mdlm", seq_len=16)}
     exec(compile(section_code("A sampler"), str(PAGE), "exec"), namespace)
     assert SAMPLERS["mdlm-eager"] is namespace["EagerMDLMSampler"]
     assert namespace["result"].tokens.shape == (2, 16)
 
 
-def test_a_sampling_budget():
+def test_a_sampling_budget(default_load):
     namespace: dict = {}
     exec(compile(section_code("A sampling budget"), str(PAGE), "exec"), namespace)
     assert namespace["params"].sample.refresh_for(128) == 4
@@ -71,6 +81,16 @@ def test_a_baseline(unregister_plain, micro_packed, evaluator_dir, tmp_path):  #
     namespace = {"params": params, "data_dir": micro_packed, "root": tmp_path, "scorer": scorer}
     exec(compile(section_code("A baseline"), str(PAGE), "exec"), namespace)
     assert METHODS["mdlm_plain"] is namespace["PlainCrossEntropy"]
+    # its own schedule: what training noised with and what its row's sampler read
+    from tadm.sampling import make_adapter
+    from tadm.sampling.base import method_schedule
+    model = load_pretrained(tmp_path / "models" / "mdlm_plain")
+    assert isinstance(method_schedule(make_adapter(model), 1e-3), namespace["CosineSchedule"])
+    from transformers import AutoModel
+    import tadm  # noqa: F401  (the Auto classes)
+    assert type(AutoModel.from_pretrained(tmp_path / "models" / "mdlm_plain").net) is namespace["PlainMDLM"]
+    card = (tmp_path / "models" / "mdlm_plain" / "README.md").read_text()
+    assert "MDLM on a cosine schedule" in card and 'sampler="remdm-loop"' in card
     assert namespace["summary"]["val_nelbo"] < namespace["summary"]["val_nelbo_init"]
     assert type(load_pretrained(tmp_path / "models" / "mdlm_plain")) is namespace["PlainMDLM"]
     assert (tmp_path / "samples" / "mdlm_plain" / "T8.npy").is_file()
@@ -87,7 +107,7 @@ def test_a_claim(run_dir):  # noqa: F811 - the fixture imported above
     assert "| TADM‡ Gen PPL below ReMDM's at T = 2048 |" in (root / "paper_figures" / "claims.md").read_text()
 
 
-def test_a_cache_method():
+def test_a_cache_method(default_load):
     import torch
     from transformers import DiffusionGemmaForBlockDiffusion
 
@@ -114,6 +134,13 @@ def test_a_cache_method():
         assert out.sequences.shape == (1, 13)
         row = table1.Method("Anchor skip K=2", base, model, 2, "skip")
         assert row.layer_calls_per_step(4) == (1 + 2) + 3 * 2 / 4  # TADM's calls at K = 2, T = 4
+        # every place that derives from the registry takes it in: the contract, Table 1's note
+        from tadm.caches.diffusiongemma.base import AnchorFusion, CacheModel
+        assert isinstance(model, CacheModel) and isinstance(model.fusion, AnchorFusion)
+        import pandas as pd
+        note = table1._caches_note(pd.DataFrame({"family": ["tadm", "naive", "skip"]}))
+        assert note.endswith("*Anchor skip* is TADM's split with the fusion replaced by the shared layers' fresh output. ")
+        assert note.startswith("*Naive reuse* is TADM's split") and "Feature cache" not in note
     finally:
         if "skip" in DG_CACHES._units:
             DG_CACHES.unregister("skip")

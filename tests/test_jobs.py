@@ -133,23 +133,29 @@ def test_the_train_stage_lists_every_run_of_the_default_profile_and_the_other_ne
     assert "data/asrd" in outs and "metrics/train/jobs.json" in outs
 
 
-def test_a_run_outside_train_models_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "tadm", "train", "mdlm", "gpt5"], capture_output=True, text=True,
-                         cwd=config.ROOT)
+def _tadm_at_default(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`python -m tadm argv` on the default profile's params (written here: the checkout's
+    params.yaml may be switched to another profile), from the repository root."""
+    params = config.write_profile("default", tmp_path / "params.yaml")
+    return subprocess.run([sys.executable, "-m", "tadm", "--params", str(params), *argv], capture_output=True,
+                          text=True, cwd=config.ROOT)
+
+
+def test_a_run_outside_train_models_is_one_line(tmp_path):
+    out = _tadm_at_default(tmp_path, "train", "mdlm", "gpt5")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "train.models: has no run 'gpt5'" in out.stderr
 
 
-def test_a_replicate_outside_train_replicates_or_of_several_runs_is_one_line():
+def test_a_replicate_outside_train_replicates_or_of_several_runs_is_one_line(tmp_path):
     for argv, message in ((["train", "mdlm", "--replicate", "7"], "train.replicates: is 3: there is no training replicate 7"),
                           (["train", "mdlm", "tadm", "--replicate", "1"], "--replicate needs exactly one run")):
-        out = subprocess.run([sys.executable, "-m", "tadm", *argv], capture_output=True, text=True, cwd=config.ROOT)
+        out = _tadm_at_default(tmp_path, *argv)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
         assert out.stderr.strip().count("\n") == 0 and message in out.stderr, out.stderr
 
 
-def test_a_run_named_twice_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "tadm", "train", "mdlm", "mdlm"], capture_output=True, text=True,
-                         cwd=config.ROOT)
+def test_a_run_named_twice_is_one_line(tmp_path):
+    out = _tadm_at_default(tmp_path, "train", "mdlm", "mdlm")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and "run 'mdlm' named more than once" in out.stderr

@@ -42,6 +42,9 @@ import torch
 from torch import Tensor
 
 from tadm.errors import ConfigError
+from tadm.registry import method_for
+from tadm.sampling.anchor_cache import FixedInterval
+from tadm.schedule import LogLinearSchedule, NoiseSchedule
 
 
 @dataclass
@@ -61,11 +64,25 @@ class Backend(abc.ABC):
     min_block_passes: int = 1  # passes `decode` makes per semi-AR block at least (module docstring)
 
     def __init__(self, refresh_every: int = 1):
-        if not isinstance(refresh_every, int) or refresh_every < 1:
-            raise ConfigError("asrd.refresh_every", f"must be an integer >= 1, got {refresh_every!r}")
         self.refresh_every = refresh_every
         self.counters = DecodeCounters()
         self._age: int | None = None  # generation passes since the anchor was computed
+
+    @property
+    def refresh_every(self) -> int:
+        """K: the anchor recomputed on every K-th pass (`refresh`, a FixedInterval policy)."""
+        return self.refresh.K
+
+    @refresh_every.setter
+    def refresh_every(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError("asrd.refresh_every", f"must be an integer >= 1, got {k!r}")
+        self.refresh = FixedInterval(k)
+
+    def noise_schedule(self, eps: float) -> NoiseSchedule:
+        """The alpha_t the decoder's loop window reads: log-linear (the masked models' and
+        LLaDA's decoding here); a backend of one of Table 2's methods reads its method's."""
+        return LogLinearSchedule(eps)
 
     @property
     @abc.abstractmethod
@@ -80,7 +97,7 @@ class Backend(abc.ABC):
         lo..hi-1). Nothing here; a cache that refreshes per block (`tadm.caches.llada`) uses it."""
 
     def _refresh_due(self) -> bool:
-        return self._age is None or self._age + 1 >= self.refresh_every
+        return self.refresh.stale(None if self._age is None else self._age + 1)
 
     def _count_layers(self, calls: int, weighted: float | None = None) -> None:
         """Add `calls` layer calls, worth `weighted` whole-canvas layer calls (default: calls)."""
@@ -146,6 +163,10 @@ class MaskedBackend(_MaskTokenBackend):
     def __init__(self, model, refresh_every: int = 1):
         super().__init__(model, refresh_every)
         self._h: Tensor | None = None
+
+    def noise_schedule(self, eps: float) -> NoiseSchedule:
+        """The schedule its network was trained with (`Method.noise_schedule`)."""
+        return method_for(self.model.model_type).noise_schedule(eps)
 
     def _check(self, model) -> None:
         if model.model_type not in ("mdlm", "tadm"):

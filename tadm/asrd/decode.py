@@ -70,7 +70,6 @@ from tadm.asrd.guidance import anchor_centroid, guidance_signal
 from tadm.asrd.verify import orthogonal_perturbation, survivors
 from tadm.errors import ConfigError
 from tadm.sampling.remdm import LoopSchedule, remdm_unmask, sigma_max
-from tadm.schedule import LogLinearSchedule
 
 METHODS = ("plain", "remdm", "low-confidence", "asrd")
 Method = Literal["plain", "remdm", "low-confidence", "asrd"]
@@ -198,7 +197,7 @@ class _Run:
         if self.atc is not None:
             self.atc.start(tuple(canvas.shape), device)
         self.loop = LoopSchedule(cfg.t_on, cfg.t_off, cfg.alpha_on)
-        self.schedule = LogLinearSchedule(cfg.eps)
+        self.schedule = backend.noise_schedule(cfg.eps)  # the network's own (Method.noise_schedule)
         self.remasked = 0
         self.verified = 0  # candidate checks (asrd)
 

@@ -27,17 +27,18 @@ from tadm import runtime
 from tadm.asrd import tasks as T
 from tadm.config import ModelConfig, Params
 from tadm.forward_process import mask_tokens, sample_times
-from tadm.io import atomic_write_json, atomic_write_text, sha256_file
+from tadm.io import atomic_write_json, atomic_write_text
 from tadm.losses import mdlm_nelbo, subs_log_probs
 from tadm.models import build_model
 from tadm.posttrain.train import _loop, cosine_lr
-from tadm.schedule import LogLinearSchedule
+from tadm.registry import METHODS
 from tadm.train.trainer import _seed, adamw
+from tadm.train.fingerprint import code_fingerprint
 
 MODEL_DIR = Path("models/asrd_mdlm")
 DATA_DIR = Path("data/asrd")
 CODE = ("asrd/train.py", "asrd/tasks.py", "losses.py", "forward_process.py", "models", "posttrain/train.py",
-        "train/checkpoint.py")
+        "train/checkpoint.py", "train/fingerprint.py")
 EPS = 1e-3
 # the asrd keys the training reads (the rest configure decoding); train_steps stays in: the
 # cosine learning rate ends at it, so more steps change every step after warm-up
@@ -57,18 +58,9 @@ def task_sets(p: Params, root: Path = Path(".")) -> dict[str, tuple[T.TaskSet, T
             "spelling": T.spelling_sets(a.spelling_train, a.spelling_eval, _seed(p.seed, 0xA5D), a.spelling_max)}
 
 
-def _code_hash(root: Path) -> list[str]:
-    out = []
-    for c in CODE:
-        path = root / c
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        out += [sha256_file(f) for f in files]
-    return out
-
-
 def response_nelbo(model, x: torch.Tensor, region: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """MDLM's NELBO of the response part of x (B, L) (`region` (L,) bool), per response token."""
-    schedule, mask_id = LogLinearSchedule(EPS), getattr(model, "module", model).mask_id  # DDP: .module
+    schedule, mask_id = METHODS["mdlm"].noise_schedule(EPS), getattr(model, "module", model).mask_id  # DDP: .module
     t = sample_times(x.shape[0], EPS, True, gen, x.device)
     z = mask_tokens(x, schedule.alpha(t), mask_id, gen)
     z = torch.where(region.to(x.device), z, x)  # the prompt is never masked
@@ -90,7 +82,7 @@ def train(p: Params, tokenizer, root: Path = Path("."), log=print, restart: bool
     opt = adamw(model.parameters(), d.device, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
     settings = {"asrd": {k: getattr(a, k) for k in TRAIN_KEYS}, "model": dataclasses.asdict(cfg), "seed": p.seed,
                 "data": hashlib.sha256(x.numpy().tobytes()).hexdigest(),
-                "code": hashlib.sha256("".join(_code_hash(Path(__file__).resolve().parent.parent)).encode()).hexdigest()}
+                "code": code_fingerprint(CODE)}
 
     def loss_fn(net, indices, gen):
         return response_nelbo(net, x[indices].to(d.device), region, gen), {}

@@ -49,8 +49,10 @@ class CacheMethod:
 
     `name` is the params value and the rows' family, `label` the row label (" K=k" appended),
     `legend` and `marker` the frontier figure's; `builder` ``(base, p, refresh_every) -> model``
-    makes a model whose ``generate(ids, refresh_every=K, ...)`` is transformers' generate;
-    `layer_calls` ``(steps, k, split, model, rows) -> calls`` is its closed form per canvas."""
+    makes a `tadm.caches.diffusiongemma.base.CacheModel` (`base`: the frozen base,
+    `tadm.posttrain.model.load_base`; `p`: the run's params); `description` is what Table 1's
+    note says of the rows after their label in italics ("is ..., so ..."); `layer_calls`
+    ``(steps, k, split, model, rows) -> calls`` is its closed form per canvas (TADM's unless given)."""
 
     name: str
     label: str
@@ -58,6 +60,7 @@ class CacheMethod:
     legend: str
     marker: str = "x"
     layer_calls: Callable = tadm_calls
+    description: str = ""
 
     def build(self, base, p, refresh_every: int = 1):
         return resolve(self.builder)(base, p, refresh_every)
@@ -69,10 +72,17 @@ def add_dg_cache(unit: CacheMethod) -> CacheMethod:
     return unit
 
 
-add_dg_cache(CacheMethod("naive", "Naive reuse", "tadm.caches.diffusiongemma.naive:naive_model",
-                         "Naive reuse (fusion bypassed)", "v"))
-add_dg_cache(CacheMethod("feature", "Feature cache", "tadm.caches.diffusiongemma.feature:feature_model",
-                         "Feature cache (dLLM-Cache style)", "^", feature_calls))
+add_dg_cache(CacheMethod(
+    "naive", "Naive reuse", "tadm.caches.diffusiongemma.naive:naive_model", "Naive reuse (fusion bypassed)", "v",
+    description="is TADM's split with the fusion bypassed (h = H0); since the denoiser reads only h, a reuse step "
+                "returns its refresh step's logits, so the row reuses the model's output K - 1 times."))
+add_dg_cache(CacheMethod(
+    "feature", "Feature cache", "tadm.caches.diffusiongemma.feature:feature_model", "Feature cache (dLLM-Cache style)",
+    "^", feature_calls,
+    description="is dLLM-Cache's V-verify cache: every K steps all layers are recomputed; in between, layer 0 runs "
+                "whole and every deeper layer recomputes only the canvas rows whose V moved most, at the share that "
+                "makes TADM's layer calls ((s + d - 1) / (L - 1)), reusing its cached attention and FFN outputs "
+                "elsewhere."))
 
 
 # ----------------------------------------------------------------------------- LLaDA

@@ -902,6 +902,13 @@ def _notes_of(df) -> str:
     return "".join(f"\n{line}\n" for line in out)
 
 
+def _caches_note(df) -> str:
+    """Each training-free cache of the table, by its unit's label and description (DG_CACHES)."""
+    present = set(df.family)
+    return "".join(f"*{DG_CACHES[name].label}* {DG_CACHES[name].description} " for name in DG_CACHES.names()
+                   if name in present)
+
+
 def to_markdown(df) -> str:
     head = ("| Task | Method | Accuracy (%) | Δ vs base (pts) | Δ vs control (pts) | Δ vs TADM, same K (pts) | Tokens/s "
             "| Throughput | Compute | FLOP bound | measured/bound | decoder share of time | decoder speed-up "
@@ -934,13 +941,8 @@ def to_markdown(df) -> str:
             "Compute: decoder-layer calls over the base's, a partly recomputed layer counted at its share of the "
             f"canvas rows; a cache row is at TADM's budget when the two differ by at most {MATCHED:g} (else \"unmatched\").\n"
             + _notes_of(df) +
-            "\nTraining-free caches (`tadm.caches`), on the same frozen base and sampler: *Naive reuse* is TADM's split "
-            "with the fusion bypassed (h = H0); since the denoiser reads only h, a reuse step returns its refresh step's "
-            "logits, so the row reuses the model's output K - 1 times. *Feature cache* is dLLM-Cache's V-verify cache: "
-            "every K steps all layers are recomputed; in between, layer 0 runs whole and every deeper layer recomputes "
-            "only the canvas rows whose V moved most, at the share that makes TADM's layer calls "
-            "((s + d - 1) / (L - 1)), reusing its cached attention and FFN outputs elsewhere. Fast-dLLM's prefix KV "
-            "cache is built into every row: DiffusionGemma's causal encoder writes the K/V of the prompt and of "
+            "\nTraining-free caches (`tadm.caches`), on the same frozen base and sampler: " + _caches_note(df)
+            + "Fast-dLLM's prefix KV cache is built into every row: DiffusionGemma's causal encoder writes the K/V of the prompt and of "
             "finished canvases once per canvas and the denoising steps only read them (exact here, as the base is "
             "block-causal), so *TADM + prefix cache* is the TADM row, and Fast-dLLM's dual cache has no suffix to act "
             "on.\n")

@@ -18,6 +18,7 @@ ADLM_RAMP_SLOPE = 1.0
 
 class ADLMMethod(AnchoredMethod):
     names = ("adlm",)
+    title = "ADLM (anchored diffusion)"  # the family as the paper and its tables write it
     model = ADLM
     adapter = ADLMAdapter
     steps_in_objective = True  # the ramp reads step / train.steps

@@ -10,6 +10,7 @@ from tadm.models.ar import AR
 
 class ARMethod(Method):
     names = ("ar",)
+    title = "AR (causal Transformer)"  # the family as the paper and its tables write it
     model = AR
     masked = False
     rows = (Row("ar", "AR", "ar", "ar"),)

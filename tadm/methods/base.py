@@ -23,7 +23,7 @@ samplers, Table 2, the memory check and MFU then find it by name. A baseline in 
 
 and its params entries (``train.models``, the ``dvc.yaml`` sample rows). The defaults below are
 those of a single-network masked diffusion model (MDLM); a unit overrides what differs.
-``tests/methods/test_toy_method.py`` runs such a unit, defined in the test file, through
+``tests/experiments/test_toy_method.py`` runs such a unit, defined in the test file, through
 training, sampling and Table 2 on the micro profile (docs/extending.md).
 """
 
@@ -40,7 +40,7 @@ from tadm.forward_process import mask_tokens, masked_rows_capacity, sample_times
 from tadm.losses import Readout, subs_readout
 from tadm.models.base import TadmModel
 from tadm.registry import METHODS, TABLE2_ROWS
-from tadm.schedule import LogLinearSchedule
+from tadm.schedule import LogLinearSchedule, NoiseSchedule
 
 EPS = 1e-3  # MDLM's schedule / time-sampling epsilon
 
@@ -55,6 +55,11 @@ class Row:
     sampler: str | None = None  # None: the profile's sample.sampler
     bypass_fusion: bool = False  # TADM: the fusion ablation (SampleRun.bypass_fusion)
 
+    @property
+    def short(self) -> str:
+        """The label without its parenthesis ("TADM‡ (γ=3e-3)" -> "TADM‡"): how prose names the row."""
+        return self.label.split(" (")[0]
+
 
 class Method:
     """Training objective and description of one method (module docstring).
@@ -66,6 +71,7 @@ class Method:
     """
 
     names: ClassVar[tuple[str, ...]] = ()  # run names of train.models this unit trains
+    title: ClassVar[str] = ""  # the family as the paper writes it (model cards; empty: the model_type)
     model: ClassVar[type[TadmModel]]  # its network
     adapter: ClassVar[type | None] = None  # sampling adapter class; None: its own sampling loop (AR)
     refreshes: ClassVar[bool] = False  # samples with an anchor refresh policy (sample.budgets' K)
@@ -85,7 +91,7 @@ class Method:
 
     def __init__(self, name: str, p: Params):
         self.name, self.p = name, p
-        self.schedule = LogLinearSchedule(EPS)
+        self.schedule = self.noise_schedule()
         # the readouts' head chunks under activation checkpointing (tadm.losses.row_losses); the
         # trainer sets False when the memory estimate with every logit kept fits the machine
         self.checkpoint_heads = True
@@ -97,6 +103,13 @@ class Method:
     @property
     def model_type(self) -> str:
         return self.model.model_type
+
+    @classmethod
+    def noise_schedule(cls, eps: float = EPS) -> NoiseSchedule:
+        """The forward process's alpha_t: what training noises with and every sampling loop of
+        this method's networks reads (`tadm.sampling.base.build_sampler`). Log-linear by default;
+        a unit on another schedule overrides this one hook."""
+        return LogLinearSchedule(eps)
 
     def build_model(self, vocab_size: int, seq_len: int) -> TadmModel:
         self.mask_id = vocab_size

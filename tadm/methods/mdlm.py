@@ -12,6 +12,7 @@ from tadm.sampling.adapters import MDLMAdapter
 
 class MDLMMethod(Method):
     names = ("mdlm",)
+    title = "MDLM (masked diffusion)"  # the family as the paper and its tables write it
     model = MDLM
     adapter = MDLMAdapter
     rows = (

@@ -11,6 +11,7 @@ from tadm.sampling.adapters import SEDDAdapter
 
 class SEDDMethod(Method):
     names = ("sedd",)
+    title = "SEDD (score entropy, absorbing)"  # the family as the paper and its tables write it
     model = SEDD
     adapter = SEDDAdapter
     rows = (Row("sedd", "SEDD", "sedd", "sedd-analytic"),)

@@ -21,6 +21,7 @@ GAMMA0_RUNS = ("tadm_gamma0",)  # runs that train without the anchor loss (TADMâ
 
 class TADMMethod(AnchoredMethod):
     names = ("tadm", "tadm_gamma0")
+    title = "TADM:Pretraining (time-anchored diffusion)"  # the family as the paper and its tables write it
     model = TADM
     adapter = TADMAdapter
     refreshes = True

@@ -11,8 +11,8 @@ from tadm.models.base import (
     TadmModel,
     build_model,
     count_parameters,
-    load_pretrained,
 )
+from tadm.models.loading import load_pretrained
 from tadm.models.mdlm import MDLM
 from tadm.models.sedd import SEDD
 from tadm.models.adlm import ADLM

@@ -1,51 +1,28 @@
-"""What every model shares: construction signature, a registry, and save / load.
+"""What every model shares: the construction signature, the registry by model_type and the
+strict, all-or-nothing loading of a state dict.
 
-A checkpoint is a directory with two files:
+    model = build_model("tadm", cfg, vocab_size, seq_len)   # any registered model_type
+    model.load_tensors(tensors)                             # every name, shape and dtype checked first
 
-    config.json        {"model_type", "vocab_size", "seq_len", "model": ModelConfig, "format_version": 1}
-    model.safetensors  the state dict (every tensor, strict names)
-
-``model.save_pretrained(dir)`` writes both (each atomically, weights first); ``load_pretrained(dir)``
-rebuilds the right class from config.json and loads the weights strictly. Before any tensor is
-read or any module allocated, config.json's sizes are bounded and cross-checked against the
-safetensors header(s) (``check_checkpoint``, `tadm.weights_header`). Loading is all or
-nothing: every tensor name and shape is checked *before* a single weight is copied, so a bad
-checkpoint raises :class:`CheckpointError` (one line naming the culprit) and leaves the model
-exactly as it was.
+Saving and loading a checkpoint directory (config.json + model.safetensors) is
+`tadm.models.io`; ``TadmModel.save_pretrained`` / ``load_weights`` call it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import re
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
 import torch.nn as nn
 
-from tadm import runtime
-from tadm import weights_header as wh
 from tadm.config import ModelConfig
-from tadm.errors import DataError
-from tadm.io import atomic_path
+from tadm.models.io import CheckpointError, config_dict, load_weights, save_pretrained
 from tadm.models.dit import GELU_APPROXIMATE
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-FORMAT_VERSION = 1
 MAX_LISTED = 5  # mismatched tensors named in an error message before "+N more"
 
 MODEL_REGISTRY: dict[str, type["TadmModel"]] = {}
-
-
-class CheckpointError(DataError):
-    """A checkpoint directory is missing, unreadable, or does not fit the model."""
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 # --------------------------------------------------------------------------- base class
@@ -77,53 +54,18 @@ class TadmModel(nn.Module):
         return self.vocab_size
 
     def config_dict(self) -> dict:
-        return {
-            "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "seq_len": self.seq_len,
-            "model": dataclasses.asdict(self.cfg),
-            "format_version": FORMAT_VERSION,
-        }
+        """config.json's content (`tadm.models.io.config_dict`)."""
+        return config_dict(self)
 
-    # ------------------------------------------------------------------ save
+    # ------------------------------------------------------------------ save / load (tadm.models.io)
 
     def save_pretrained(self, directory: str | Path) -> Path:
-        """Write config.json and model.safetensors into `directory` (created if needed).
-
-        Each file goes to a temporary sibling and is renamed into place, so an interrupted
-        save never leaves a half-written file; other files in the directory are kept.
-        The weights are written first, so config.json only appears once they are complete.
-        """
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: runtime.host(v).contiguous() for k, v in self.state_dict().items()}
-        with atomic_path(directory / WEIGHTS_FILE) as tmp:
-            # one metadata key only: safetensors writes its metadata map in hash order, so two
-            # keys would make the bytes of identical weights differ from run to run
-            # (the format version lives in config.json)
-            save_file(tensors, str(tmp), metadata={"model_type": self.model_type})
-        with atomic_path(directory / CONFIG_FILE) as tmp:
-            tmp.write_text(json.dumps(self.config_dict(), indent=2, sort_keys=True) + "\n")
-        return directory
-
-    # ------------------------------------------------------------------ load
+        """Write config.json and model.safetensors into `directory` (`tadm.models.io.save_pretrained`)."""
+        return save_pretrained(self, directory)
 
     def load_weights(self, directory: str | Path) -> "TadmModel":
-        """Load ``<directory>/model.safetensors`` (or a .safetensors file) into this model, strictly.
-
-        Raises CheckpointError naming missing / unexpected / wrongly shaped tensors; on any
-        error no weight of this model has changed.
-        """
-        path = Path(directory)
-        if path.is_dir():
-            path = path / WEIGHTS_FILE
-        tensors = read_safetensors(path)
-        kind = _saved_model_type(path)
-        source = f"{path} (a {kind!r} checkpoint)" if kind and kind != self.model_type else str(path)
-        self.load_tensors(tensors, source=source)
-        return self
+        """Load ``<directory>/model.safetensors`` into this model, strictly (`tadm.models.io.load_weights`)."""
+        return load_weights(self, directory)
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
         """Strict, all-or-nothing ``load_state_dict``: validate every name and shape first."""
@@ -187,33 +129,6 @@ def mismatch_report(model_sd: Mapping[str, torch.Tensor], ckpt: Mapping[str, tor
     return len(problems), tally, "; ".join(problems[:MAX_LISTED]) + more
 
 
-def _saved_model_type(path: Path) -> str | None:
-    """The model_type recorded in a safetensors file's metadata, if any (for error messages)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return (f.metadata() or {}).get("model_type")
-    except Exception:
-        return None
-
-
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read every tensor of a safetensors file onto the CPU; any failure is a CheckpointError."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint weights {str(path)!r} do not exist")
-    try:
-        return load_file(str(path))
-    except Exception as e:  # SafetensorError, OSError, ... : truncated, corrupted or not safetensors
-        raise CheckpointError(
-            f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): "
-            f"{type(e).__name__}: {_one_line(e)}"
-        ) from None
-
-
 # --------------------------------------------------------------------------- config checks
 
 
@@ -246,136 +161,6 @@ def build_model(model_type: str, cfg: ModelConfig, vocab_size: int, seq_len: int
     if model_type not in registry:
         raise ValueError(f"unknown model_type {model_type!r}; known: {', '.join(sorted(registry))}")
     return registry[model_type](cfg, vocab_size, seq_len)
-
-
-def read_checkpoint_config(directory: str | Path) -> tuple[str, ModelConfig, int, int]:
-    """Parse and validate ``<directory>/config.json`` -> (model_type, cfg, vocab_size, seq_len)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint directory {str(directory)!r} does not exist")
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{str(path)!r} does not exist (not a checkpoint directory, or an interrupted save)")
-    raw = wh.read_json(path, error=CheckpointError)
-    missing = [k for k in ("model_type", "vocab_size", "seq_len", "model", "format_version") if k not in raw]
-    if missing:
-        raise CheckpointError(f"{str(path)!r} lacks key(s): {', '.join(missing)}")
-    if raw["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{str(path)!r}: unsupported format_version {raw['format_version']!r} (this code reads {FORMAT_VERSION})")
-    registry = _registry()
-    if raw["model_type"] not in registry:
-        raise CheckpointError(f"{str(path)!r}: unknown model_type {raw['model_type']!r}; known: {', '.join(sorted(registry))}")
-    if not isinstance(raw["model"], dict):
-        raise CheckpointError(f"{str(path)!r}: 'model' must be a mapping of ModelConfig fields")
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(raw["model"]) - fields)
-    if unknown:
-        raise CheckpointError(f"{str(path)!r}: unknown model field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(fields))}")
-    cfg = ModelConfig(**raw["model"])
-    try:
-        check_model_args(cfg, raw["vocab_size"], raw["seq_len"])
-    except ValueError as e:
-        raise CheckpointError(f"{str(path)!r}: {e}") from None
-    where = repr(str(path))
-    for name, kind in CONFIG_BOUNDS.items():
-        value = raw[name] if name in ("vocab_size", "seq_len") else getattr(cfg, name)
-        wh.bounded(value, name if name in ("vocab_size", "seq_len") else f"model.{name}", kind, where, CheckpointError)
-    return raw["model_type"], cfg, raw["vocab_size"], raw["seq_len"]
-
-
-# config.json sizes -> their kind in tadm.weights_header.LIMITS
-CONFIG_BOUNDS = {"vocab_size": "vocab", "seq_len": "seq_len", "d_model": "hidden", "n_heads": "heads",
-                 "mlp_ratio": "mlp_ratio", "mdlm_layers": "layers", "anchor_layers": "layers",
-                 "denoiser_layers": "layers"}
-STACK_INDEX = re.compile(r"^(\w+)\.(\d+)\.")  # "anchor_blocks.3.attn..." -> ("anchor_blocks", 3)
-STACK_FIELDS = {"blocks": "mdlm_layers", "anchor_blocks": "anchor_layers", "denoiser_blocks": "denoiser_layers"}
-
-
-class _Shape:
-    """A header entry standing in for a tensor in `state_dict_mismatches` (it reads .shape and
-    .dtype; None where the header's dtype has no torch equivalent)."""
-
-    def __init__(self, shape, dtype: str | None = None):
-        self.shape = tuple(shape)
-        self.dtype = SAFETENSORS_DTYPES.get(dtype) if dtype is not None else None
-
-
-def check_header_tensors(where: str, model_sd: Mapping[str, torch.Tensor], header: "wh.Header",
-                         model_name: str, tally: bool = False, dtypes: str = "exact") -> None:
-    """CheckpointError (one line, prefixed by `where`) unless the safetensors `header` names
-    exactly the tensors of `model_sd` (a model built on the meta device) with the same shapes and
-    dtypes (the `dtypes` rule of :func:`_dtype_differs`: a header relabelled F32 -> I32 is refused
-    either way); the message lists the first differences and, with `tally`, how many of each kind."""
-    saved = {k: _Shape(v, header.dtypes.get(k)) for k, v in header.shapes.items()}
-    n, counts, listed = mismatch_report(model_sd, saved, dtypes)
-    if n:
-        counts = f" {counts}" if tally else ""
-        raise CheckpointError(f"{where}: {n} tensor(s) differ from config.json's {model_name}{counts}: {listed}")
-
-
-def check_checkpoint(directory: str | Path, model_type: str, cfg: ModelConfig, vocab_size: int, seq_len: int,
-                     map_location: str | torch.device = runtime.CPU) -> "wh.Header":
-    """Cross-check a bounded config.json against the weights' safetensors header(s), reading no
-    tensor data and allocating no model: the embedding is (tokens, d_model), each layer stack holds
-    exactly the configured layer indices, every tensor's shape is the model's (built on the meta
-    device), and the weights fit in memory. CheckpointError (one line) on any difference."""
-    directory = Path(directory)
-    header = wh.read_weights(directory, CheckpointError)
-    weights = directory / (WEIGHTS_FILE if (directory / WEIGHTS_FILE).is_file() else wh.INDEX_FILE)
-    where = f"{str(directory / CONFIG_FILE)!r} vs {str(weights)!r}"
-    # the layout of this model type, from a one-layer model on the meta device
-    with torch.device("meta"):
-        probe = build_model(model_type, ModelConfig(d_model=8, n_heads=1, mlp_ratio=1, mdlm_layers=1,
-                                                    anchor_layers=1, denoiser_layers=1, dropout=0.0), 2, 2)
-    rows = vocab_size + probe.embed.weight.shape[0] - 2
-    emb = header.shapes.get("embed.weight")
-    if emb is None:
-        raise CheckpointError(f"{where}: the weights have no embed.weight")
-    if len(emb) != 2 or emb[0] != rows:
-        raise CheckpointError(f"{where}: vocab_size = {vocab_size} needs embed.weight of {rows} rows, the weights have {emb}")
-    if emb[1] != cfg.d_model:
-        raise CheckpointError(f"{where}: model.d_model = {cfg.d_model} but embed.weight is {emb}")
-    stacks = {prefix: getattr(cfg, f) for prefix, f in STACK_FIELDS.items() if hasattr(probe, prefix)}
-    found = wh.layer_counts(header.shapes, STACK_INDEX)
-    for prefix, depth in stacks.items():
-        ix = found.get(prefix, [])
-        if ix != list(range(depth)):
-            have = f"{len(ix)} (indices {ix[0]}..{ix[-1]})" if ix else "none"
-            raise CheckpointError(f"{where}: model.{STACK_FIELDS[prefix]} = {depth} but the weights hold {have} "
-                                  f"{prefix} layers")
-    # every shape, against the model built on the meta device (no memory; its sizes are bounded)
-    with torch.device("meta"):
-        meta = build_model(model_type, cfg, vocab_size, seq_len)
-    model_sd = meta.state_dict()
-    check_header_tensors(where, model_sd, header, "model")
-    model_bytes = sum(v.numel() * v.element_size() for v in model_sd.values())
-    if model_bytes > wh.SIZE_FACTOR * max(header.nbytes, 1):
-        raise CheckpointError(f"{where}: config.json implies {model_bytes} bytes of parameters, the weights hold {header.nbytes}")
-    wh.check_fits(header.nbytes, str(weights), None, CheckpointError)  # the tensors, read on the host
-    wh.check_fits(model_bytes, str(directory), map_location, CheckpointError)  # the model, where it is built
-    return header
-
-
-def load_pretrained(directory: str | Path, map_location: str | torch.device = runtime.CPU) -> TadmModel:
-    """Rebuild the model saved in `directory` and load its weights strictly.
-
-    config.json is bounded and cross-checked against the safetensors header(s) before any
-    tensor is read or any module allocated (`check_checkpoint`). The model is returned in eval
-    mode on `map_location`. Any problem raises CheckpointError with a one-line message.
-    """
-    model_type, cfg, vocab_size, seq_len = read_checkpoint_config(directory)  # bounded sizes
-    header = check_checkpoint(directory, model_type, cfg, vocab_size, seq_len, map_location)  # headers only
-    directory = Path(directory)
-    if (directory / WEIGHTS_FILE).is_file():
-        tensors, source = read_safetensors(directory / WEIGHTS_FILE), str(directory / WEIGHTS_FILE)
-    else:  # sharded: model.safetensors.index.json
-        tensors, source = {}, str(directory / wh.INDEX_FILE)
-        for shard in sorted(set(header.files.values())):
-            tensors.update(read_safetensors(directory / shard))
-    with torch.device(map_location):  # built where it runs: no host copy of the weights on a GPU
-        model = build_model(model_type, cfg, vocab_size, seq_len)
-    model.load_tensors(tensors, source=source)
-    return model.eval()
 
 
 # --------------------------------------------------------------------------- counting

@@ -75,7 +75,9 @@ from torch import Tensor, nn
 from tadm import runtime
 from tadm import weights_header as wh
 from tadm.errors import DataError
-from tadm.models.base import CheckpointError, check_header_tensors, read_safetensors
+from tadm.models.base import CheckpointError
+from tadm.models.io import read_safetensors
+from tadm.models.loading import check_header_tensors
 
 PREFIX = "model.transformer."
 MASK_TOKEN_ID = 126336  # the release's mask token (its config.json's mask_token_id)

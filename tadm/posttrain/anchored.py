@@ -41,6 +41,7 @@ from transformers.models.diffusion_gemma.modeling_diffusion_gemma import Diffusi
 from tadm.errors import ConfigError
 from tadm.posttrain.backbone import SplitDiffusionGemma
 from tadm.posttrain.fusion import PairedAttentionFusion
+from tadm.sampling.anchor_cache import FixedInterval
 
 
 @dataclass
@@ -106,13 +107,13 @@ class TimeAnchoredDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
 
     @property
     def refresh_every(self) -> int:
-        return self._refresh_every
+        return self.refresh.K
 
     @refresh_every.setter
     def refresh_every(self, k: int) -> None:
-        if not isinstance(k, int) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError("posttrain.refresh_every", f"K must be an integer >= 1, got {k!r}")
-        self._refresh_every = k
+        self.refresh = FixedInterval(k)  # the anchor's refresh policy
 
     def reset(self) -> None:
         """Forget the anchor cache and zero the counters."""
@@ -138,7 +139,7 @@ class TimeAnchoredDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
         prefix = cache.get_seq_length(layer_idx=0)
         stale = self._cache
         refresh = (stale is None or self_conditioning_logits is None or stale.prefix != prefix
-                   or stale.age + 1 >= self.refresh_every or stale.c0.shape != c.shape)
+                   or self.refresh.stale(stale.age + 1) or stale.c0.shape != c.shape)
         if refresh:
             h = split.anchor(c, inputs)
             self._cache = _AnchorCache(c, h, 0, prefix)

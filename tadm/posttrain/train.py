@@ -68,12 +68,13 @@ from tadm.posttrain.objective import Rollout, base_loss, posttrain_loss
 from tadm.runtime import Dist, all_mean
 from tadm.train import checkpoint
 from tadm.train.divergence import FiniteWatch
+from tadm.train.fingerprint import code_fingerprint
 from tadm.train.trainer import REPLICATES, GlobalBatches, _seed, adamw, hold_run, replicate_name, resume_state, seeds_after, wrap
 
 SFT_DIR = Path("data/sft")
 # code a checkpoint depends on (a change refuses to resume it): the base's run and the fusion's
 CODE = {"dg_base": ("posttrain/data.py", "posttrain/objective.py", "posttrain/model.py", "posttrain/train.py",
-                    "train/checkpoint.py")}
+                    "train/checkpoint.py", "train/fingerprint.py")}
 CODE["dg_posttrain"] = CODE["dg_base"] + ("posttrain/backbone.py", "posttrain/fusion.py", "posttrain/anchored.py")
 CODE["dg_posttrain_fresh"] = CODE["dg_posttrain"]
 # Settings that define each run's objective (recorded in its checkpoints; a change is refused).
@@ -236,7 +237,7 @@ def _settings(kind: str, p: Params, sft_dir: Path, extra: dict) -> dict:
     keep = (lambda k: k in BASE_KEYS) if kind == "dg_base" else (lambda k: k not in FUSION_IGNORES)
     return {"kind": kind, "posttrain": {k: v for k, v in pt.items() if keep(k)},
             "data": sha256_file(sft_dir / "manifest.json"), "extra": extra,
-            "code": hashlib.sha256("".join(sha256_file(root / c) for c in CODE[kind]).encode()).hexdigest()}
+            "code": code_fingerprint(CODE[kind])}
 
 
 def micro_batches(indices: list[int], batch: int, micro: int, d: Dist) -> list[tuple[int, list[int]]]:

@@ -121,7 +121,14 @@ class FixedInterval(RefreshPolicy):
         return f"FixedInterval(K={self.K})"
 
     def due(self, cache: AnchorCache, step: int, z_t: Tensor, shallow: ShallowFn) -> bool:
-        return cache.empty or cache.age(step) >= self.K
+        return cache.empty or self.stale(cache.age(step))
+
+    def stale(self, age: int | None) -> bool:
+        """The rule itself, for a cache that counts its own age: whether a state `age` steps old
+        at this step (None: nothing cached) must be recomputed, age >= K. Every anchor and cache
+        refresh by interval reads it: the samplers, TADM:Post-train, the training-free caches,
+        ASRD's backends."""
+        return age is None or age >= self.K
 
 
 class BudgetSchedule(RefreshPolicy):

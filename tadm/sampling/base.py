@@ -101,7 +101,7 @@ from tadm.models.dit import constant_conditioning
 from tadm.sampling.adapters import Adapter
 from tadm.sampling.counters import ComputeCounter
 from tadm.sampling.nucleus import draw_nucleus
-from tadm.registry import SAMPLERS
+from tadm.registry import SAMPLERS, method_for
 from tadm.schedule import LogLinearSchedule, NoiseSchedule
 
 PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
@@ -454,15 +454,32 @@ class Sampler(abc.ABC):
         return factored(z_t, active, self.mask_id, unmask, remask, self.settings.precision, self._deferred)
 
 
-def build_sampler(settings: SamplerSettings, mask_id: int) -> Sampler:
+def build_sampler(settings: SamplerSettings, mask_id: int, schedule: NoiseSchedule | None = None) -> Sampler:
     """The registered sampler named by `settings.sampler` (`tadm.registry.SAMPLERS`, filled as
-    each sampler module is imported by the package's ``__init__``; this module imports none)."""
+    each sampler module is imported by the package's ``__init__``; this module imports none),
+    reading `schedule` (the model's method's, `Method.noise_schedule`; None: log-linear at
+    settings.eps)."""
     try:
         cls = SAMPLERS[settings.sampler]
     except KeyError:
         raise ValueError(f"sample.sampler: no sampler {settings.sampler!r} is registered (known: "
                          f"{', '.join(sorted(SAMPLERS.names()))})") from None
-    return cls(settings, mask_id)
+    sampler = cls(settings, mask_id)
+    if schedule is not None:
+        sampler.schedule = schedule
+    return sampler
+
+
+def method_schedule(adapter, eps: float) -> NoiseSchedule | None:
+    """The noise schedule of the method whose network `adapter` runs (`tadm.registry.method_for`);
+    None for an adapter without a model of a registered method (the sampler's log-linear)."""
+    model_type = getattr(getattr(adapter, "model", None), "model_type", None)
+    if model_type is None:
+        return None
+    try:
+        return method_for(model_type).noise_schedule(eps)
+    except ValueError:  # a network no method trains (a test's own model type)
+        return None
 
 
 # --------------------------------------------------------------------------- the loop
@@ -669,7 +686,7 @@ def sample(adapter: Adapter, cfg: SamplerSettings, *, num_samples: int, seq_len:
     device = adapter.device
     if generator is None:
         generator = torch.Generator(device).manual_seed(cfg.seed)
-    sampler = build_sampler(cfg, adapter.mask_id)
+    sampler = build_sampler(cfg, adapter.mask_id, method_schedule(adapter, cfg.eps))
     adapter.counter.reset()
     batch = cfg.batch_size or num_samples
     if (start is not None or stop is not None) and num_samples > batch:

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 from tadm.config import Params
 from tadm.methods import Method
+from tadm.methods.base import AnchoredMethod
 
 CARD_FILE = "README.md"
 SAMPLE_K = 4  # the anchor refresh interval the card's example samples with
 
-# the families' names as the paper and its tables write them
-FAMILY = {"mdlm": "MDLM (masked diffusion)", "sedd": "SEDD (score entropy, absorbing)",
-          "adlm": "ADLM (anchored diffusion)", "tadm": "TADM:Pretraining (time-anchored diffusion)",
-          "ar": "AR (causal Transformer)"}
 
 
-def _sampling(method: Method, p: Params, bos_id: int) -> str:
-    """The card's Python example: load with AutoModel, then sample as the method does."""
+def row_sampler(method: Method, run: str, p: Params) -> str:
+    """The sampler of the run's own Table 2 row (its first row that names one), else the
+    profile's sample.sampler: what the card's example samples with."""
+    return next((r.sampler for r in method.rows if r.model == run and r.sampler), p.sample.sampler)
+
+
+def _sampling(method: Method, p: Params, bos_id: int, run: str) -> str:
+    """The card's Python example: load with AutoModel, then sample as the run's Table 2 row does."""
     def head(imports: str) -> str:
         return ("import tadm\nfrom transformers import AutoModel\n" + imports + "\n\n"
                 'model = AutoModel.from_pretrained(".")  # model.net is the project\'s network\n')
@@ -36,7 +39,7 @@ def _sampling(method: Method, p: Params, bos_id: int) -> str:
     imports = "FixedInterval, " if method.refreshes else ""
     return head(f"from tadm.sampling import {imports}SamplerSettings, make_adapter, sample") + (
                    f"with make_adapter(model.net{policy}) as adapter:{comment}\n"
-                   f'    result = sample(adapter, SamplerSettings(sampler="{p.sample.sampler}", steps=64,'
+                   f'    result = sample(adapter, SamplerSettings(sampler="{row_sampler(method, run, p)}", steps=64,'
                    f" nucleus_p={p.sample.nucleus_p}),\n"
                    "                    num_samples=4, seq_len=model.config.seq_len)\n")
 
@@ -45,19 +48,20 @@ def model_card(summary: dict, p: Params, method: Method, counts: dict) -> str:
     """The card's text. `summary`: the run's metrics/train/<run>.json; `counts`: the packed
     data's manifest counts (tokens of each split, vocabulary, sequence length, BOS id)."""
     run, family = summary["run"], summary["model_type"]
+    title = method.title or family
     train_tokens = p.train.steps * p.train.global_batch * counts["seq_len"]
     corpus = {"openwebtext": f"OpenWebText ({p.corpus.hf_dataset})", "local": "local documents",
               "shakespeare": "Tiny Shakespeare (shipped offline)"}[p.corpus.source]
     nelbo = summary["val_nelbo"]
     rows = [
-        ("family", f"{FAMILY.get(family, family)}; model_type `{family}`"),
+        ("family", f"{title}; model_type `{family}`"),
         ("profile", f"`{p.profile}` (params.yaml of the run; seed {summary['seed']})"),
         ("data", f"{corpus}: {counts['train']['tokens']:,} training tokens, {counts['validation']['tokens']:,} "
                  f"validation tokens, sequences of {counts['seq_len']}, vocabulary {counts['vocab_size']}"
                  + (" + the mask token" if method.masked else "")),
         ("model", f"d_model {p.model.d_model}, {p.model.n_heads} heads, "
                   + (f"anchor {p.model.anchor_layers} + denoiser {p.model.denoiser_layers} layers"
-                     if family in ("tadm", "adlm") else f"{p.model.mdlm_layers} layers")
+                     if isinstance(method, AnchoredMethod) else f"{p.model.mdlm_layers} layers")
                   + f"; {summary['parameters']:,} parameters"),
         ("training", f"{summary['steps']:,} steps x global batch {p.train.global_batch} "
                      f"({train_tokens:,} tokens seen), AdamW lr {p.train.lr:g} ({p.train.schedule}), "
@@ -74,13 +78,13 @@ def model_card(summary: dict, p: Params, method: Method, counts: dict) -> str:
     tags = ["diffusion-language-model"] if method.masked else ["autoregressive-language-model"]
     return ("---\nlibrary_name: tadm\ntags:\n" + "".join(f"- {t}\n" for t in tags + [family]) + "---\n\n"
             f"# {run}\n\n"
-            f"{FAMILY.get(family, family)}, trained by the TADM reference implementation's pipeline "
+            f"{title}, trained by the TADM reference implementation's pipeline "
             f"(`dvc repro`, stage `train`, run `{run}`). Weights: model.safetensors; "
             "config.json: the network's sizes (format version 1).\n\n"
             f"| | |\n|---|---|\n{table}\n\n"
             "## Load and sample\n\n"
             "`import tadm` registers the model families with transformers' Auto classes "
             "(no `trust_remote_code`); from this directory:\n\n"
-            f"```python\n{_sampling(method, p, counts['bos_id'])}```\n\n"
+            f"```python\n{_sampling(method, p, counts['bos_id'], run)}```\n\n"
             "`result.tokens` holds the token ids; decode them with the run's tokenizer "
             "(`data/tokenizer` of the pipeline that trained it).\n")

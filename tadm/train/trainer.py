@@ -54,6 +54,7 @@ from tadm.train.card import CARD_FILE, model_card
 from tadm.methods import Method, get_method
 from tadm.models.dit import set_autocast_residual
 from tadm.train.divergence import FiniteWatch, check_excess, check_value
+from tadm.train.fingerprint import code_fingerprint
 
 
 @dataclass
@@ -287,13 +288,13 @@ def learning_rate(step: int, p: Params) -> float:
 
 # Source files whose change makes a checkpoint belong to another run (a resumed run must
 # continue exactly what it started: same objective, same architecture, same loop).
-CODE = ("train/trainer.py", "methods", "losses.py", "forward_process.py", "schedule.py", "models")
+CODE = ("train/trainer.py", "train/fingerprint.py", "methods", "losses.py", "forward_process.py", "schedule.py",
+        "models")
 
 
 def code_hash() -> str:
-    root = Path(__file__).resolve().parent.parent
-    files = sorted(f for c in CODE for f in ([root / c] if (root / c).is_file() else (root / c).rglob("*.py")))
-    return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
+    """The fingerprint of CODE (`tadm.train.fingerprint`: the programs, not their text)."""
+    return code_fingerprint(CODE)
 
 
 # train keys that do not change what is optimised: a checkpoint resumes across changes of them.

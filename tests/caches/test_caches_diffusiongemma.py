@@ -280,7 +280,16 @@ def test_parameters_are_validated(tiny_base, key, kwargs):
 
 
 def test_registry_builds_each_method_on_the_split(tiny_base):
-    assert DG_CACHES.names() == ("naive", "feature")
+    """Every registered cache builds a model that keeps the contract Table 1 relies on
+    (tadm.caches.diffusiongemma.base.CacheModel), at the K it was built with; the two shipped ones
+    are what they say."""
+    from tadm.caches.diffusiongemma.base import CacheModel
+
+    for k, name in enumerate(DG_CACHES.names(), start=2):
+        unit = DG_CACHES[name]
+        model = unit.build(tiny_base, params(), k)
+        assert isinstance(model, CacheModel) and model.refresh_every == k, name
+        assert unit.label and unit.description and unit.legend, name
     naive = DG_CACHES["naive"].build(tiny_base, params(), 2)
     fc = DG_CACHES["feature"].build(tiny_base, params(), 3)
     assert isinstance(naive.fusion, BypassFusion) and naive.split.split == SPLIT and naive.refresh_every == 2

@@ -19,7 +19,9 @@ from tadm.methods import Method, Row, get_method
 from tadm.models import count_parameters, load_pretrained
 from tadm.models.base import TadmModel
 from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
+from tadm.schedule import LogLinearSchedule
 from tadm.sampling import SingleNetworkAdapter, make_adapter
+from tadm.sampling.base import method_schedule
 from tadm.train.trainer import train
 from tests.conftest import forget_method
 from tests.experiments.conftest import table2_raw
@@ -51,14 +53,28 @@ def toy():
             h = self.hidden(z_t)
             return self.head(h) if readout is None else readout(h, self.head)
 
+    class ToySchedule(LogLinearSchedule):
+        """Its own noise schedule (log-linear values, counting the alphas read)."""
+
+        reads = 0
+
+        def alpha(self, t):
+            ToySchedule.reads += 1
+            return super().alpha(t)
+
     class Toy(Method):
         """Trained on the masked tokens' cross-entropy without the NELBO's 1/t weight; validated
         on the NELBO like every method."""
 
         names = ("toy",)
+        title = "Toy (a one-block masked diffusion model)"
         model = OneBlock
         adapter = SingleNetworkAdapter  # one network: hidden(z_t), then its head
         rows = (Row("toy", "Toy (one block)", "toy", "mdlm"),)
+
+        @classmethod
+        def noise_schedule(cls, eps=1e-3):
+            return ToySchedule(eps)
 
         def loss(self, model, x, gen, progress=1.0):
             _, z_t = self._noised(x, gen)
@@ -99,13 +115,29 @@ def test_a_method_defined_in_a_test_file_trains_samples_and_is_scored(toy, micro
     assert compute.train_forward_flops("toy", p.model, V, L, head_rows=0.5) == pytest.approx(
         blk + 0.5 * compute.lm_head_flops(p.model.d_model, V + 1))
 
+    # its schedule is what training noised with and what its samplers read
+    schedule_class = type(toy.noise_schedule())
+    assert schedule_class.reads > 0 and isinstance(get_method("toy", p).schedule, schedule_class)
+    assert isinstance(method_schedule(make_adapter(model), 1e-3), schedule_class)
+
+    # the hub directory: AutoModel loads it (no name list edited), its card names the family, the
+    # row's own sampler and AutoModel
+    from transformers import AutoModel
+
+    import tadm  # noqa: F401  (the Auto classes)
+    assert type(AutoModel.from_pretrained(tmp_path / "models" / "toy").net) is toy.model
+    card = (tmp_path / "models" / "toy" / "README.md").read_text()
+    assert "Toy (a one-block masked diffusion model)" in card and 'sampler="mdlm"' in card
+    assert "AutoModel.from_pretrained" in card
+
     # sampling through its adapter, and Table 2's row scored like any other
     assert isinstance(make_adapter(model), SingleNetworkAdapter)
+    reads = schedule_class.reads
     assert sampling.graphed_pieces(model) == [m for m in model.modules()
                                               if type(m).__name__ in ("DiTBlock", "ConditionEmbedder")]
     scorer = table2.Scorer(p, load_tokenizer(micro_packed.parent / "tokenizer"), micro_packed, dist=runtime.Dist())
     result = table2.run_row("toy", p, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "samples")
-    assert result["label"] == "Toy (one block)"
+    assert result["label"] == "Toy (one block)" and schedule_class.reads > reads  # sampled on its schedule
     scored = result["budgets"]["8"]
     assert np.isfinite(scored["gen_ppl"]) and 0 < scored["mauve"] <= 1
     tokens = np.load(tmp_path / "samples" / "toy" / "T8.npy")

@@ -153,11 +153,10 @@ def test_weights_that_do_not_fit_in_memory_are_refused(ckpt, monkeypatch):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_weights_are_refused_through_the_auto_classes(ckpt, bad):
+@pytest.mark.parametrize("loader", ["load_pretrained", "AutoModel"])
+def test_non_finite_weights_are_refused_by_both_loaders(ckpt, bad, loader):
     """A weight file whose tensors hold NaN or infinity (a single value suffices) is refused in one
-    line naming the tensor through AutoModel. (`tadm.models.load_pretrained` itself does not check
-    yet: its code is part of every training checkpoint's fingerprint, so the check waits for the
-    next retraining.)"""
+    line naming the tensor, by `tadm.models.load_pretrained` and through AutoModel alike."""
     from safetensors.torch import load_file, save_file
     from transformers import AutoModel
 
@@ -169,8 +168,9 @@ def test_non_finite_weights_are_refused_through_the_auto_classes(ckpt, bad):
     tensors[name] = tensors[name].clone()
     tensors[name].view(-1)[0] = bad
     save_file(tensors, directory / "model.safetensors")
+    load = load_pretrained if loader == "load_pretrained" else AutoModel.from_pretrained
     with pytest.raises(CheckpointError, match=rf"tensor '{name}' holds 1 non-finite value\(s\)") as e:
-        AutoModel.from_pretrained(directory)
+        load(directory)
     assert "\n" not in str(e.value)
 
 

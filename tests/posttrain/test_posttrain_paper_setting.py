@@ -42,9 +42,10 @@ def test_fusion_count_at_diffusiongemma_size_beside_the_papers():
     assert round((4 * d * r + 3 * r * r + 3 * d) / 1e5) == 31 and round(ours / 1e5) == 36
 
 
-def test_count_command_states_both(capsys):
-    from tadm import cli
+def test_count_command_states_both(capsys, tmp_path):
+    from tadm import cli, config
 
-    cli.main(["count"])
+    params = config.write_profile("default", tmp_path / "params.yaml")  # not the checkout's (any profile)
+    assert cli.main(["--params", str(params), "count"]) == 0
     out = capsys.readouterr().out
     assert "at DiffusionGemma-26B (d = 2816, r = 256): 3.61M, the paper quotes ~3.1M" in out

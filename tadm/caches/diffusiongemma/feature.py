@@ -43,6 +43,7 @@ from tadm.caches.budget import matched_share, selected_rows
 from tadm.errors import ConfigError
 from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma
 from tadm.posttrain.backbone import DecoderInputs, SplitDiffusionGemma
+from tadm.sampling.anchor_cache import FixedInterval
 
 
 @dataclass
@@ -218,13 +219,13 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
 
     @property
     def refresh_every(self) -> int:
-        return self._refresh_every
+        return self.refresh.K
 
     @refresh_every.setter
     def refresh_every(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError("posttrain.refresh_every", f"K_r (the feature cache's refresh interval) must be an integer >= 1, got {k!r}")
-        self._refresh_every = k
+        self.refresh = FixedInterval(k)  # the features' refresh policy
 
     @property
     def share(self) -> float:
@@ -249,7 +250,7 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
         """TADM's refresh rule with K_r (anchored.py): new canvas, new prefix, or the interval."""
         stale = self._cache
         return (stale is None or self_conditioning_logits is None or stale.prefix != prefix
-                or stale.age + 1 >= self.refresh_every or stale.states[-1].attn.shape != x.shape)
+                or self.refresh.stale(stale.age + 1) or stale.states[-1].attn.shape != x.shape)
 
     def forward(self, decoder_input_ids: torch.Tensor, cache=None, self_conditioning_logits=None,
                 self_conditioning_mask=None, decoder_attention_mask=None, decoder_position_ids=None,

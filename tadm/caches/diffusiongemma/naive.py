@@ -18,8 +18,9 @@ from tadm.posttrain.backbone import SplitDiffusionGemma
 
 
 class BypassFusion(nn.Module):
-    """Phi(c; C0, H0) = H0, with no parameters: what TimeAnchoredDiffusionGemma and Table 1 read
-    from a fusion (`fresh`, `values`, `flops`, `num_parameters`, `hidden_size`, `rank`)."""
+    """Phi(c; C0, H0) = H0, with no parameters; keeps
+    :class:`tadm.caches.diffusiongemma.base.AnchorFusion`, what TimeAnchoredDiffusionGemma and
+    Table 1 read from a fusion."""
 
     values = "bypass"
     rank = 0

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from tadm.caches.llada.base import LladaCacheBackend, check_every, tadm_share
 from tadm.caches.llada.block import block_forward
+from tadm.sampling.anchor_cache import FixedInterval
 
 
 def _query_rows(keys: Tensor | None, lo: int, hi: int) -> Tensor | None:
@@ -44,7 +45,9 @@ class LladaPrefixCacheBackend(LladaCacheBackend):
         self._block, self._age = (lo, hi), None  # the block's first pass refreshes
 
     def _refresh_due(self) -> bool:
-        return self._kv is None or self._age is None or (self.every != "block" and self._age + 1 >= self.every)
+        if self._kv is None or self._age is None:
+            return True
+        return self.every != "block" and FixedInterval(self.every).stale(self._age + 1)
 
     @torch.no_grad()
     def logits(self, ids: Tensor, delta: Tensor | None = None) -> Tensor:

@@ -25,7 +25,13 @@ PAPER_L = 1024  # the paper's sequence length: its T = 1024 is L, T = 2048 is 2L
 
 # the trained checkpoint each Table 2 row samples from (Table 2's own rows)
 ROW_MODEL = {name: row.model for name, row in ROWS.items() if row.model is not None}
-LABEL = {"remdm": "ReMDM", "tadm": "TADM‡", "tadm_gamma0": "TADM†"}
+
+
+def _short(row: str) -> str:
+    """How prose names a Table 2 row (`Row.short`), or the key itself."""
+    return ROWS[row].short if row in ROWS else row
+
+
 # the trained fusion each Table 1 family samples with (the base and the training-free caches: none)
 POSTTRAIN_MODEL = {"tadm": "dg_posttrain", "control": "dg_posttrain_fresh"}
 
@@ -288,7 +294,7 @@ def table2_quality(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
     c.covers = _covers(got, e.metric)
     seeds = sorted(got["per_seed"])
     # the rows in the claim's (and the paper column's) order; the effect named where it runs b vs a
-    effect = "" if e.sign > 0 else f"{LABEL.get(b_row, b_row)} vs {LABEL.get(a_row, a_row)} "
+    effect = "" if e.sign > 0 else f"{_short(b_row)} vs {_short(a_row)} "
     if e.metric == "mauve":
         va, vb = (_mean_cells(inp, "mauve", r, T, seeds) for r in (a_row, b_row))
         c.shown = (f"{va:.3f} vs {vb:.3f} (mean of {len(seeds)} training runs): {effect}diff {_fmt(c.value, c.se)}"

@@ -100,7 +100,7 @@ class Inputs:
             import torch
 
             from tadm.losses import ar_nll
-            from tadm.models.base import load_pretrained
+            from tadm.models.loading import load_pretrained
 
             path, model_dir = self.root / "samples" / row / f"T{T}.npy", self.root / "models" / "ar"
             if not path.is_file() or not (model_dir / "config.json").is_file():

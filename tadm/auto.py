@@ -64,6 +64,7 @@ def _build() -> None:
     from tadm import runtime
     from tadm.config import ModelConfig
     from tadm.models import build_model, load_pretrained
+    from tadm.registry import method_for
 
     class TadmConfig(PretrainedConfig):
         """A TADM checkpoint's config.json: model_type, vocab_size (V, the mask id), seq_len,
@@ -107,9 +108,8 @@ def _build() -> None:
         def forward(self, input_ids, **kwargs):
             """input_ids (B, L) in 0..V (V: the mask token; AR: 0..V-1) -> logits (B, L, V+1)
             (AR: (B, L, V)) of the whole network: TADM with a fresh anchor on the same canvas,
-            ADLM's denoiser (its anchor's logits are internal)."""
-            out = self.net(input_ids, input_ids) if self.config.model_type == "tadm" else self.net(input_ids)
-            return out[0] if isinstance(out, tuple) else out
+            ADLM's denoiser (its anchor's logits are internal): `Method.canvas_logits`."""
+            return method_for(self.net.model_type).canvas_logits(self.net, input_ids)
 
     for model_type in families():
         if model_type in _CLASSES:

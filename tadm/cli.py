@@ -718,7 +718,7 @@ def output_paths(args) -> list[tuple[str, Path, str, tuple[str, ...] | None]]:
                                                      for ext in ("csv", "md")),
                 ("--metrics", Path(args.metrics), "file", None)]
     if command == "table1-speed":
-        from tadm.experiments.table1 import SPEED_DIR, speed_block_path
+        from tadm.experiments.table1_speed import SPEED_DIR, speed_block_path
 
         return [("--out", Path(out) if out else speed_block_path(args.block, Path(args.root) / SPEED_DIR), "file", None)]
     if command == "throughput":

@@ -131,23 +131,15 @@ def training_step(kind: str, p: Params, gpu: Gpu, code: Code = Code(), processes
     world = processes or p.runtime.nproc
     layers = unit.layers(m)
     gemm_per_token = layers * (compute.dit_block_flops(d, L, m.mlp_ratio) - 4 * L * d)
-    if kind.startswith("tadm"):
-        gemm_per_token += compute.fusion_flops(d)
+    gemm_per_token += unit.train_extra_flops(m, V)  # TADM: the fusion
     attention_per_token = layers * 4 * L * d
-    # the heads' rows: each readout's capacity (or the mean masked rows), AR and ADLM's anchor
-    # head every row
+    # the heads' rows (Method.train_head_rows): each readout's capacity (or the mean masked rows)
     mean = compute.MASKED_FRACTION * tokens
-    capacity = masked_rows_capacity(B, L, EPS) if code.capacity_rows else mean
-    if kind == "ar":
-        rows = [tokens]
-    elif kind == "adlm":
-        rows = [tokens, capacity]
-    elif kind == "tadm":
-        shift = unit(kind, p).stale_shift  # the staler z_t' readout's (tadm.methods.tadm)
-        rows = [capacity, masked_rows_capacity(B, L, EPS, shift) if code.capacity_rows else mean]
-    else:  # mdlm, sedd, tadm_gamma0 (its anchor head is not trained)
-        rows = [capacity]
-    head_rows = sum(rows)
+
+    def readout_rows(shift: float = 0.0) -> float:
+        return masked_rows_capacity(B, L, EPS, shift) if code.capacity_rows else mean
+
+    head_rows = sum(unit(kind, p).train_head_rows(tokens, readout_rows))
     head_flops = head_rows * compute.lm_head_flops(d, V + 1)
     passes = compute.TRAIN_FORWARD_BACKWARD + (0 if code.kept_logits else 1)
     residual = code.residual_bytes or (2 if p.train.residual == "bf16" else 4)
@@ -174,20 +166,16 @@ def training_step(kind: str, p: Params, gpu: Gpu, code: Code = Code(), processes
 
 def sampling_step(kind: str, p: Params, gpu: Gpu, batch: int, steps: int, refresh_every: int = 1,
                   code: Code = Code()) -> StepTime:
-    """One reverse step of run `kind` (mdlm, adlm, tadm) sampling `batch` canvases of
-    sample.canvas_length in `steps` steps, TADM's anchor refreshed every `refresh_every` steps
-    (averaged over a cycle). Tokens per step: batch x L / steps (a trajectory's tokens over its
-    steps); the head and the nucleus draw run on the rows decoded at the step (batch x L / steps
-    on average)."""
+    """One reverse step of run `kind` (a name of train.models: mdlm, adlm, tadm, ...) sampling
+    `batch` canvases of sample.canvas_length in `steps` steps, TADM's anchor refreshed every
+    `refresh_every` steps (averaged over a cycle: `Method.sampling_layers`). Tokens per step:
+    batch x L / steps (a trajectory's tokens over its steps); the head and the nucleus draw run
+    on the rows decoded at the step (batch x L / steps on average)."""
+    if kind not in METHODS:
+        raise ValueError(f"unknown method {kind!r}")
     m, L, V, d = p.model, p.sample.canvas_length, p.tokenizer.vocab_size, p.model.d_model
-    tokens = batch * L
-    if kind == "tadm":
-        layers = m.denoiser_layers + m.anchor_layers / refresh_every
-        extra = compute.fusion_flops(d)
-    elif kind == "adlm":
-        layers, extra = m.anchor_layers + m.denoiser_layers, compute.lm_head_flops(d, V + 1) + compute.dense_flops(V + 1, d)
-    else:
-        layers, extra = m.mdlm_layers, 0
+    unit, tokens = METHODS[kind], batch * L
+    layers, extra = unit.sampling_layers(m, refresh_every), unit.sampling_extra_flops(m, V)
     decoded = tokens / steps
     block = compute.dit_block_flops(d, L, m.mlp_ratio)
     gemm = layers * (block - 4 * L * d) * tokens + extra * tokens + decoded * compute.lm_head_flops(d, V + 1)

@@ -81,6 +81,10 @@ def test_a_baseline(unregister_plain, micro_packed, evaluator_dir, tmp_path):  #
     namespace = {"params": params, "data_dir": micro_packed, "root": tmp_path, "scorer": scorer}
     exec(compile(section_code("A baseline"), str(PAGE), "exec"), namespace)
     assert METHODS["mdlm_plain"] is namespace["PlainCrossEntropy"]
+    # the hooks' defaults: the step-time model projects it as MDLM's network (its layers, one readout)
+    from tadm.step_time import H100, sampling_step
+    assert 0 < namespace["mfu"] < 1
+    assert namespace["tokens_per_s"] == sampling_step("mdlm", params, H100, batch=8, steps=64).tokens_per_s
     # its own schedule: what training noised with and what its row's sampler read
     from tadm.sampling import make_adapter
     from tadm.sampling.base import method_schedule
@@ -112,7 +116,7 @@ def test_a_cache_method(default_load):
     from transformers import DiffusionGemmaForBlockDiffusion
 
     from tadm.config import load, override
-    from tadm.experiments import frontier, table1
+    from tadm.experiments import frontier, table1, table1_render
     from tadm.posttrain.anchored import sampling_kwargs
     from tadm.registry import DG_CACHES
     from tests.posttrain.conftest import tiny_config
@@ -125,20 +129,20 @@ def test_a_cache_method(default_load):
     try:
         exec(compile(section_code("A cache method"), str(PAGE), "exec"), namespace)
         assert DG_CACHES.names()[-1] == "skip" and namespace["params"].posttrain.cache_methods[-1] == "skip"
-        assert table1.families()[-1] == "skip" and frontier.legend("skip") == ("Anchor layers skipped", "x")
+        assert table1_render.families()[-1] == "skip" and frontier.legend("skip") == ("Anchor layers skipped", "x")
         model = namespace["model"]
         assert isinstance(model.fusion, namespace["SkipFusion"]) and model.refresh_every == 2
         ids = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(0))
         out = model.generate(ids, attention_mask=torch.ones_like(ids), refresh_every=2,
                              **sampling_kwargs(4, 0.1, (0.8, 0.4), 8, eos_token_id=None, pad_token_id=None))
         assert out.sequences.shape == (1, 13)
-        row = table1.Method("Anchor skip K=2", base, model, 2, "skip")
+        row = table1.Table1Method("Anchor skip K=2", base, model, 2, "skip")
         assert row.layer_calls_per_step(4) == (1 + 2) + 3 * 2 / 4  # TADM's calls at K = 2, T = 4
         # every place that derives from the registry takes it in: the contract, Table 1's note
         from tadm.caches.diffusiongemma.base import AnchorFusion, CacheModel
         assert isinstance(model, CacheModel) and isinstance(model.fusion, AnchorFusion)
         import pandas as pd
-        note = table1._caches_note(pd.DataFrame({"family": ["tadm", "naive", "skip"]}))
+        note = table1_render._caches_note(pd.DataFrame({"family": ["tadm", "naive", "skip"]}))
         assert note.endswith("*Anchor skip* is TADM's split with the fusion replaced by the shared layers' fresh output. ")
         assert note.startswith("*Naive reuse* is TADM's split") and "Feature cache" not in note
     finally:

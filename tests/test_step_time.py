@@ -75,6 +75,34 @@ def test_sampling_overlaps_host_and_device_only_without_a_read_per_step(paper):
     assert sampling_step("tadm", paper, H100, 64, 1024, 8).seconds < sampling_step("mdlm", paper, H100, 64, 1024).seconds
 
 
+def test_each_step_reads_its_method_unit(paper):
+    """The per-method terms come from the unit (Method.train_head_rows, train_extra_flops,
+    sampling_layers, sampling_extra_flops), not from the run's name."""
+    from tadm.registry import METHODS
+
+    m, V, d = paper.model, paper.tokenizer.vocab_size, paper.model.d_model
+    B, L = paper.train.micro_batch, paper.packing.seq_len
+    cap = masked_rows_capacity(B, L, 1e-3)
+    rows = {name: METHODS[name](name, paper).train_head_rows(B * L, lambda shift=0.0: ("rows", shift))
+            for name in ("mdlm", "sedd", "ar", "adlm", "tadm", "tadm_gamma0")}
+    stale = METHODS["tadm"]("tadm", paper).stale_shift
+    assert rows == {"mdlm": [("rows", 0.0)], "sedd": [("rows", 0.0)], "ar": [B * L], "adlm": [B * L, ("rows", 0.0)],
+                    "tadm": [("rows", 0.0), ("rows", stale)], "tadm_gamma0": [("rows", 0.0)]}
+    assert [METHODS[k].train_extra_flops(m, V) for k in ("mdlm", "adlm", "tadm")] == [0, 0, compute.fusion_flops(d)]
+    assert METHODS["tadm"].sampling_layers(m, 4) == m.denoiser_layers + m.anchor_layers / 4
+    assert METHODS["adlm"].sampling_layers(m, 4) == m.anchor_layers + m.denoiser_layers
+    assert METHODS["mdlm"].sampling_layers(m, 4) == m.mdlm_layers
+    assert METHODS["adlm"].sampling_extra_flops(m, V) == compute.lm_head_flops(d, V + 1) + compute.dense_flops(V + 1, d)
+    # the head's rows of a training step: MDLM's one readout at its capacity
+    mdlm = training_step("mdlm", paper, H100, Code(compiled_head=True))
+    assert mdlm.parts["LM heads (GEMMs)"] == pytest.approx(
+        compute.TRAIN_FORWARD_BACKWARD * cap * compute.lm_head_flops(d, V + 1) / (H100.peak_flops * H100.gemm_efficiency))
+    # TADM-dagger samples with TADM's network and Alg. 1: the same step as TADM
+    assert sampling_step("tadm_gamma0", paper, H100, 8, 1024, 4).parts == sampling_step("tadm", paper, H100, 8, 1024, 4).parts
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        sampling_step("nope", paper, H100, 8, 1024)
+
+
 def test_the_results_file_is_what_the_script_renders():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_time.py"), "--check"],
                           capture_output=True, text=True)

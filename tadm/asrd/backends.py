@@ -7,8 +7,9 @@ embeddings into next-state logits, and counts what that cost:
     ids = backend.fill(z, undecided, gen)   # what an undecided position holds as input
     logits = backend.logits(ids, delta)     # (B, L, V): one model pass, delta (B, L, d) or None
 
-- `MaskedBackend`: the project's absorbing-state models. MDLM runs its whole network every
-  pass; TADM runs Alg. 1: the anchor A(S(z) + delta) is recomputed on every `refresh_every`-th
+- `MaskedBackend`: the project's absorbing-state models, those of every method unit with
+  ``asrd`` (`tadm.methods.base.Method`). MDLM runs its whole network every pass; TADM (a unit
+  that ``refreshes``) runs Alg. 1: the anchor A(S(z) + delta) is recomputed on every `refresh_every`-th
   generation pass and reused otherwise, S, the fusion and the denoiser run every pass.
   Undecided positions hold the mask token; the output at a visible token is untrained
   (`reads_decided` False); logits exclude the mask class (SUBS).
@@ -42,7 +43,7 @@ import torch
 from torch import Tensor
 
 from tadm.errors import ConfigError
-from tadm.registry import method_for
+from tadm.registry import METHODS, method_for
 from tadm.sampling.anchor_cache import FixedInterval
 from tadm.schedule import LogLinearSchedule, NoiseSchedule
 
@@ -75,9 +76,7 @@ class Backend(abc.ABC):
 
     @refresh_every.setter
     def refresh_every(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError("asrd.refresh_every", f"must be an integer >= 1, got {k!r}")
-        self.refresh = FixedInterval(k)
+        self.refresh = FixedInterval.parse(k, "asrd.refresh_every")
 
     def noise_schedule(self, eps: float) -> NoiseSchedule:
         """The alpha_t the decoder's loop window reads: log-linear (the masked models' and
@@ -158,7 +157,8 @@ class _MaskTokenBackend(Backend):
 
 
 class MaskedBackend(_MaskTokenBackend):
-    """MDLM or TADM (tadm.models); TADM's anchor is refreshed every `refresh_every` passes."""
+    """MDLM or TADM (tadm.models): the network of a method unit with ``asrd`` (``unit``); one
+    that ``refreshes`` (TADM) has its anchor refreshed every `refresh_every` passes."""
 
     def __init__(self, model, refresh_every: int = 1):
         super().__init__(model, refresh_every)
@@ -166,14 +166,18 @@ class MaskedBackend(_MaskTokenBackend):
 
     def noise_schedule(self, eps: float) -> NoiseSchedule:
         """The schedule its network was trained with (`Method.noise_schedule`)."""
-        return method_for(self.model.model_type).noise_schedule(eps)
+        return self.unit.noise_schedule(eps)
 
     def _check(self, model) -> None:
-        if model.model_type not in ("mdlm", "tadm"):
-            raise ConfigError("asrd model", f"ASRD runs on 'mdlm' or 'tadm' models, got {model.model_type!r}")
-        if model.model_type == "mdlm" and self.refresh_every != 1:
-            raise ConfigError("asrd.refresh_every",
-                              f"MDLM has no anchor to reuse; refresh_every must be 1, got {self.refresh_every}")
+        """Also keeps the model's method unit (``unit``)."""
+        types = dict.fromkeys(u.model.model_type for u in METHODS.values() if u.asrd)
+        if model.model_type not in types:
+            raise ConfigError("asrd model", f"ASRD runs on {' or '.join(map(repr, types))} models, "
+                                            f"got {model.model_type!r}")
+        self.unit = method_for(model.model_type)
+        if not self.unit.refreshes and self.refresh_every != 1:
+            raise ConfigError("asrd.refresh_every", f"{model.model_type.upper()} has no anchor to reuse; "
+                                                    f"refresh_every must be 1, got {self.refresh_every}")
 
     def start(self) -> None:
         super().start()
@@ -184,10 +188,10 @@ class MaskedBackend(_MaskTokenBackend):
         m, cfg = self.model, self.model.cfg
         e = self._input_embeds(ids, delta)
         refreshed = False
-        if m.model_type == "mdlm":
+        if not self.unit.refreshes:  # the whole network (MDLM)
             out = m.head(m.blocks(e, m.cond()))
-            layers = cfg.mdlm_layers
-        else:
+            layers = self.unit.layers(cfg)
+        else:  # Alg. 1 (TADM)
             refreshed = self._refresh_due()
             if refreshed:
                 self._h = m.anchor_blocks(e, m.anchor_cond())

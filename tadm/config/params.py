@@ -57,6 +57,10 @@ class RuntimeConfig:
     tf32: bool = True  # TF32 matmuls on Ampere and newer GPUs
     nproc: int = spec(1, ge=1)  # processes per node: > 1 runs train / sampling / scoring under torchrun
     jobs: int = spec(1, ge=1)  # jobs of the train stage side by side, each with 1/jobs of the CPU threads
+    # on a CPU (nproc 1), Table 1 and the ASRD comparison split their prompt batches over this many
+    # processes (torchrun, gloo), each with 1/cpu_processes of the CPU threads: DiffusionGemma's small
+    # layers use two threads poorly (benchmarks/results/threads.md); ignored on a GPU
+    cpu_processes: int = spec(1, ge=1)
     compile: bool = False  # torch.compile the network that trains (each transformer block, tadm.train.trainer)
     cuda_graphs: bool = False  # CUDA-graph replay of sampling's fixed-shape pieces; ignored (one note) off CUDA
 

@@ -27,7 +27,11 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    models: list[str] = spec(  # run names registered in tadm.registry.METHODS (tadm.methods)
+    # run names registered in tadm.registry.METHODS (tadm.methods). The default is a literal, not
+    # METHODS.names(): it is the profiles' training order (registration order is ar, sedd, mdlm,
+    # ...), a unit defined later (a test's own) must not join every default run list, and reading
+    # the registry would import tadm.methods (torch, the models) to build a config
+    models: list[str] = spec(
         ["mdlm", "adlm", "tadm", "tadm_gamma0", "sedd", "ar"], nonempty=True, unique=True, registry=METHODS
     )
     steps: int = spec(1_000_000, ge=1)

@@ -5,9 +5,12 @@
     staleness   anchor staleness along real reverse trajectories, and its figure
     tables      Markdown / CSV tables and the quality-compute figure from the results
     table1      Table 1: the post-train rows (base, TADM:Post-train at K, control, training-free
-                caches) on the tasks: accuracy, throughput, compute, FLOP bound
+                caches) decoded on the tasks, scored, counted and timed; its timing blocks
+    table1_stats        its statistics over fusion runs and seeds (deltas, between-run variance, speed-ups)
+    table1_speed        its timing blocks' files and the speed combined across blocks
+    table1_render       its table, notes and metrics from results/table1.json
     frontier    Table 1's accuracy-speed frontier figure
     asrd        the ASRD comparison (runners, sweeps, tables; on LLaDA with its cache rows)
-    worker      `python -m tadm.experiments.worker`: the torchrun entry point of runs with
-                runtime.nproc > 1 (Table 2 rows, the sweep, Table 1, the ASRD comparison)
+    worker      `python -m tadm.experiments.worker`: the torchrun entry point of runs in several
+                processes (Table 2 rows, the sweep, Table 1, the ASRD comparison)
 """

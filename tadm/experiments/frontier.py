@@ -22,7 +22,7 @@ def legend(family: str) -> tuple[str, str]:
 
 
 def frontier_figure(df):
-    """One row of panels per task of `df` (:func:`tadm.experiments.table1.frame`): accuracy (± sd
+    """One row of panels per task of `df` (:func:`tadm.experiments.table1_render.frame`): accuracy (± sd
     over seeds; TADM K >= 2 and the control: the mean over fusion runs ± one run's sd over them)
     against throughput x (± its bootstrap se), and against compute x."""
     import matplotlib

@@ -252,7 +252,7 @@ def reusable_samples(run: SampleRun, params: Params, steps: int, saved_dir: str 
     cfg = params.sample
     # the cheap fields first: most saved draws differ in T or the policy, and are never loaded
     want = {"row": run.name, "model_dir": str(run.model_dir), "T": steps,
-            "policy": repr(run.refresh_for(params, steps)) if record["model_type"] == "tadm" else None,
+            "policy": repr(run.refresh_for(params, steps)) if method_for(record["model_type"]).refreshes else None,
             "settings": sampler_settings(run, params, steps, network_autocast(d)).as_dict(),
             "num_samples": cfg.num_samples,
             "batch_seeds": [batch_seed(params.seed, i) for i in range(len(batch_sizes(cfg.num_samples, cfg.batch_size)))],

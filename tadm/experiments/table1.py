@@ -42,27 +42,29 @@ where their layer calls equal TADM's; their rows add a paired Δ vs the TADM row
                    categorical draw over the vocabulary, entropy, sort -- has no FLOPs the
                    counter sees, costs every method the same, and so dilutes the end-to-end ratio.
 
-``run`` writes ``results/table1.json``; ``frame`` and ``to_markdown`` make the table.
+``run`` writes ``results/table1.json`` (the timing blocks' records and their combination:
+`tadm.experiments.table1_speed`; the statistics over seeds and fusion runs:
+`tadm.experiments.table1_stats`); ``frame`` and ``to_markdown`` of `tadm.experiments.table1_render`
+make the table.
 
 Where it runs: the device and autocast of a `tadm.runtime.Dist` (from ``runtime.setup(p.runtime)``;
-the notebook overrides runtime.device / runtime.precision). With runtime.nproc > 1 ``run``
-relaunches itself under torchrun (`tadm.experiments.worker`): each prompt batch (its seed is
-(seed, first example)) is generated and scored by one process (batch j by process j mod N), the
-completions, per-example correctness and decoder-layer calls are gathered, so accuracies and
-compute are those of one process; each process times its own batches (on its own device) and
-the main process's timings are kept.
+the notebook overrides runtime.device / runtime.precision). In several processes
+(`tadm.experiments.worker.processes`: runtime.nproc > 1, or on a CPU runtime.cpu_processes > 1)
+``run`` and ``time_block`` relaunch themselves under torchrun: each prompt batch (its seed is
+(seed, first example)) is generated, scored and timed by one process (batch j by process j mod N,
+every method in turn on it, so each batch stays a paired comparison); completions, per-example
+correctness, decoder-layer calls and every batch's timings are gathered, so accuracies and
+compute are those of one process and the speed is the median over all batches.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -76,14 +78,19 @@ from tadm.experiments import worker
 from tadm.experiments.diffusiongemma import (
     DecoderLayerCalls, DecoderProbe, PromptIO, count_flops, fusion_model, load_models,
 )
+from tadm.experiments.table1_speed import (
+    SPEED_DIR, SPEED_FORMAT, SPEED_SEED, _speed_signature, combine_speed, load_speed_blocks, speed_block_path,
+    speed_starts,
+)
+from tadm.experiments.table1_stats import add_speedups, add_statistics, throughput
 from tadm.io import atomic_write_json
 from tadm.metrics.bootstrap import paired_speedup
-from tadm.metrics.replicates import pooled_between, replicated_accuracy_delta
 from tadm.posttrain.anchored import sampling_kwargs
 from tadm.posttrain.data import arithmetic_eval_set
 from tadm.posttrain.train import fusion_runs
 from tadm.registry import DG_CACHES
 from tadm.tasks.suite import build_task
+
 
 # max_new_tokens per task in the paper (Sec. 6); arithmetic: one canvas
 PAPER_LENGTHS = {"gsm8k": 1024, "humaneval": 1024, "gpqa_diamond": 2048, "mmlu_pro": 2048,
@@ -121,7 +128,7 @@ def load_task(name: str, p: Params, sft_dir: Path, unsafe_host_execution: bool =
 CONTROL = "Control (fresh anchor)"  # Table 1's control row (models/dg_fresh, K = 1)
 
 
-class Method:
+class Table1Method:
     """One row of Table 1: a `model` that generates on the frozen `base` (None: the base's own
     ``generate``) with the refresh interval `k` (None for the base), of a `family`: "base",
     "control" (a TimeAnchoredDiffusionGemma whose fusion acts on the fresh anchor, K = 1),
@@ -169,7 +176,7 @@ class Runner(PromptIO):
     """Generates with each method on a task (prompt batches, seeds) and times it; the prompt
     batches are split over the processes of `dist` (None: one process on the CPU)."""
 
-    def __init__(self, p: Params, tokenizer, methods: list[Method], dist: runtime.Dist | None = None):
+    def __init__(self, p: Params, tokenizer, methods: list[Table1Method], dist: runtime.Dist | None = None):
         self.dist = dist or runtime.Dist()
         super().__init__(tokenizer, self.dist.device)
         self.p, self.methods = p, methods
@@ -182,7 +189,7 @@ class Runner(PromptIO):
         return list(range(0, n, self.p.posttrain.eval_batch_size))
 
     @torch.no_grad()
-    def generate_batch(self, method: Method, prompts: list[str], max_new_tokens: int, seed: int,
+    def generate_batch(self, method: Table1Method, prompts: list[str], max_new_tokens: int, seed: int,
                        lo: int) -> tuple[list[str], float, float]:
         """Completions of one prompt batch (examples lo, lo + 1, ...), seeded with (seed, lo), and
         the wall time of its ``generate`` call and of the decoder calls inside it."""
@@ -196,7 +203,7 @@ class Runner(PromptIO):
             seconds = time.perf_counter() - t0
         return self.decode(seqs, ids.shape[1]), seconds, probe.seconds
 
-    def run_seed(self, task: Task, seed: int, methods: list[Method] | None = None
+    def run_seed(self, task: Task, seed: int, methods: list[Table1Method] | None = None
                  ) -> dict[str, tuple[float, list[str], list[bool], int, float, list[tuple[int, float, float]]]]:
         """Every method on every prompt batch of `task` with `seed`, the methods taking turns on
         each batch: the same prompts are timed for every method within seconds of each other,
@@ -205,8 +212,9 @@ class Runner(PromptIO):
         example's correctness (in example order), the decoder-layer calls the generations made
         (every process's batches: generated, scored and counted where they ran, then gathered),
         the same calls weighted (a partly recomputed layer counts its share of the rows: the
-        feature cache's), and this process's timed batches (prompts, seconds of ``generate``, seconds in its
-        decoder calls), in batch order. `methods`: these instead of the runner's."""
+        feature cache's), and every batch's timing (prompts, seconds of ``generate``, seconds in its
+        decoder calls; each taken in the process that ran the batch), in batch order. `methods`:
+        these instead of the runner's."""
         methods = self.methods if methods is None else methods
         bs, starts, d = self.p.posttrain.eval_batch_size, self.batch_starts(len(task.prompts)), self.dist
         mine = {m.label: [] for m in methods}
@@ -233,7 +241,7 @@ class Runner(PromptIO):
             texts = [t for ts, _ in batches for t in ts]
             correct = [c for _, cs in batches for c in cs]
             out[m.label] = (100.0 * sum(correct) / len(correct), texts, correct, sum(c for c, _ in counts),
-                            sum(w for _, w in counts), timed[m.label])
+                            sum(w for _, w in counts), runtime.gather(timed[m.label], len(starts), d))
         return out
 
     @torch.no_grad()
@@ -265,28 +273,6 @@ class Runner(PromptIO):
         return (-(-task.max_new_tokens // canvas)) * canvas
 
 
-def add_speedups(rows: dict[str, dict], base: str) -> None:
-    """Each method's row of one task gets its throughput_x (± throughput_se; None where one
-    batch gives no se) and decoder_speedup_x over the row `base`: :func:`paired_speedup` of
-    their full batches' times, which `Runner.run_seed` records in the same order for every
-    method."""
-    for row in rows.values():
-        row["throughput_x"], se = paired_speedup(rows[base]["seconds"], row["seconds"])
-        row["throughput_se"] = se if se == se else None  # JSON has no nan
-        row["decoder_speedup_x"], _ = paired_speedup(rows[base]["decoder_seconds"], row["decoder_seconds"])
-
-
-def throughput(timed: list[tuple[int, float, float]], tokens_per_prompt: int) -> dict:
-    """Speed of one method from its timed batches (prompts, seconds, decoder seconds) over every
-    seed: the batches of the largest size (the full ones; a last, shorter batch of a task runs
-    at another speed), their times, and tokens/s = its generated tokens / their median time."""
-    size = max(n for n, _, _ in timed)
-    full = [(s, ds) for n, s, ds in timed if n == size]
-    seconds = [s for s, _ in full]
-    return {"batch_prompts": size, "seconds": seconds, "decoder_seconds": [ds for _, ds in full],
-            "tokens_per_s": size * tokens_per_prompt / statistics.median(seconds)}
-
-
 def row_seeds(p: Params, family: str) -> list[int]:
     """A row's sampling seeds: posttrain.seeds, the training-free caches' posttrain.cache_seeds
     (which hold every seed of posttrain.seeds; [] = posttrain.seeds)."""
@@ -302,7 +288,7 @@ def replicate_ks(p: Params) -> list[int]:
 
 
 def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None = None,
-                  control: bool = True) -> tuple[list[Method], object]:
+                  control: bool = True) -> tuple[list[Table1Method], object]:
     """Table 1's rows, in order: the base, the fresh-anchor control (`control`), TADM at every K
     of posttrain.refresh_every, then each training-free cache of posttrain.cache_methods at every
     K >= 2 of it (at K = 1 each is the base), all on the one loaded base (:func:`load_models`);
@@ -312,14 +298,14 @@ def build_methods(p: Params, root: Path = Path("."), dist: runtime.Dist | None =
     base, tadm, fresh, tok = load_models(p, root, dist, control)
     split = tuple(tadm.split.split)
     seeds = row_seeds(p, "tadm")
-    methods = [Method("Base", base, None, None, "base", split, seeds=seeds)]
+    methods = [Table1Method("Base", base, None, None, "base", split, seeds=seeds)]
     if fresh is not None:
-        methods.append(Method(CONTROL, base, fresh, 1, "control", seeds=seeds, run_seed=pt.seed))
-    methods += [Method(f"TADM K={k}", base, tadm, k, "tadm", seeds=seeds, run_seed=pt.seed) for k in pt.refresh_every]
+        methods.append(Table1Method(CONTROL, base, fresh, 1, "control", seeds=seeds, run_seed=pt.seed))
+    methods += [Table1Method(f"TADM K={k}", base, tadm, k, "tadm", seeds=seeds, run_seed=pt.seed) for k in pt.refresh_every]
     for name in pt.cache_methods:
         cache = DG_CACHES[name]
         model = cache.build(base, p)  # one model per method: K is an argument of its generate
-        methods += [Method(f"{cache.label} K={k}", base, model, k, name, seeds=row_seeds(p, name))
+        methods += [Table1Method(f"{cache.label} K={k}", base, model, k, name, seeds=row_seeds(p, name))
                     for k in pt.refresh_every if k >= 2]
     return methods, tok
 
@@ -332,7 +318,7 @@ def replicate_seeds(p: Params, index: int) -> list[int]:
     return [s + index * (max(seeds) + 1) for s in seeds]
 
 
-def replicate_methods(p: Params, base, root: Path = Path("."), control: bool = True) -> list[Method]:
+def replicate_methods(p: Params, base, root: Path = Path("."), control: bool = True) -> list[Table1Method]:
     """The fusion replicates' runs of Table 1's trained rows, each fusion loaded on the same frozen
     `base`: TADM's replicates at every K of :func:`replicate_ks` (row "TADM K=k"), the control's as
     the control (K = 1), each at its own sampling seeds (:func:`replicate_seeds`); labelled
@@ -342,12 +328,12 @@ def replicate_methods(p: Params, base, root: Path = Path("."), control: bool = T
     out = []
     for i, run in enumerate(fusion_runs(p, False, root)[1:], 1):
         model = _replicate_model(base, p, run)
-        out += [Method(f"TADM K={k} (s{run.seed})", base, model, k, "tadm", seeds=replicate_seeds(p, i),
-                       row=f"TADM K={k}", run_seed=run.seed) for k in replicate_ks(p)]
+        out += [Table1Method(f"TADM K={k} (s{run.seed})", base, model, k, "tadm", seeds=replicate_seeds(p, i),
+                             row=f"TADM K={k}", run_seed=run.seed) for k in replicate_ks(p)]
     if control:
         for i, run in enumerate(fusion_runs(p, True, root)[1:], 1):
-            out.append(Method(f"{CONTROL} (s{run.seed})", base, _replicate_model(base, p, run), 1, "control",
-                              seeds=replicate_seeds(p, i), row=CONTROL, run_seed=run.seed))
+            out.append(Table1Method(f"{CONTROL} (s{run.seed})", base, _replicate_model(base, p, run), 1, "control",
+                                    seeds=replicate_seeds(p, i), row=CONTROL, run_seed=run.seed))
     return out
 
 
@@ -401,37 +387,13 @@ def notebook_params(params_file: str | Path, profile: str | None = None, *, K=No
 
 
 # ----------------------------------------------------------------------------- speed across invocations
-
-SPEED_DIR = Path("results/table1_speed")
-SPEED_FORMAT = 1
-SPEED_SEED = 10_000  # timing block b's sampling seed is SPEED_SEED + b: no scored pass uses it
-
-
-def speed_block_path(block: int, directory: str | Path = SPEED_DIR) -> Path:
-    return Path(directory) / f"block_{int(block)}.json"
-
-
-def speed_starts(n: int, batch_size: int, block: int, blocks: int, count: int) -> list[int]:
-    """The first examples of timing block `block`'s prompt batches: `count` consecutive full
-    batches (of `batch_size`; the first batch when none is full), the blocks' windows spread evenly
-    over the task's full batches (block 1 from the first, the last block ending at the last)."""
-    full = [lo for lo in range(0, n, batch_size) if lo + batch_size <= n] or [0]
-    k = min(count, len(full))
-    first = round((block - 1) * (len(full) - k) / (blocks - 2)) if blocks > 2 else 0
-    return full[first: first + k]
-
-
-def _speed_signature(p: Params, methods: list[Method]) -> dict:
-    pt = p.posttrain
-    return {"methods": [m.label for m in methods], "tasks": list(pt.tasks), "eval_batch_size": pt.eval_batch_size,
-            "sample_steps": pt.sample_steps, "canvas_length": pt.canvas_length, "eval_examples": pt.eval_examples,
-            "max_new_tokens": pt.max_new_tokens}
+# (a timing block's record, its loading and the combination: tadm.experiments.table1_speed)
 
 
 def time_block(p: Params, block: int, root: Path = Path("."), sft_dir: Path = Path("data/sft"),
                out: Path | None = None, dist: runtime.Dist | None = None, control: bool = True) -> dict:
     """Table 1's timing block `block` (1 <= block < timing.table1_blocks; block 0 is the table1
-    stage's scored pass) in this process: every main row of :func:`build_methods` on the block's
+    stage's scored pass), in the processes the scored pass runs in (its batches split as there): every main row of :func:`build_methods` on the block's
     own prompt batches (:func:`speed_starts`) at its own sampling seed (SPEED_SEED + block), the
     methods taking turns on each batch after one untimed warm-up ``generate`` each; nothing is
     scored. Per task and method: the batches' seconds (of ``generate`` and of its decoder calls)
@@ -441,6 +403,9 @@ def time_block(p: Params, block: int, root: Path = Path("."), sft_dir: Path = Pa
     if not 1 <= block < tm.table1_blocks:
         raise DataError(f"table1 speed: block {block} is not a timing-only block of timing.table1_blocks="
                         f"{tm.table1_blocks} (1..{tm.table1_blocks - 1}; block 0 is the table1 stage's scored pass)")
+    if worker.needs_launch(p, "table1_speed"):  # in the processes the scored pass runs in
+        return worker.launch("table1_speed", p, {"block": block, "root": str(root), "sft_dir": str(sft_dir),
+                                                 "out": None if out is None else str(out), "control": control})
     d = dist or runtime.setup(p.runtime)
     t0 = time.perf_counter()
     methods, tok = build_methods(p, root, d, control)
@@ -453,13 +418,15 @@ def time_block(p: Params, block: int, root: Path = Path("."), sft_dir: Path = Pa
         starts = speed_starts(len(task.prompts), pt.eval_batch_size, block, tm.table1_blocks, tm.table1_batches)
         for m in methods:  # warm-up, untimed
             runner.generate_batch(m, task.prompts[:2], task.max_new_tokens, seed, 0)
-        timed = {m.label: ([], []) for m in methods}
-        for lo in tqdm(starts, desc=f"table1_speed[{name}, block {block}]", unit="batch"):
+        mine = {m.label: [] for m in methods}  # this process's batches (every world-th): (seconds, decoder seconds)
+        for j in tqdm(runtime.shard(len(starts), d), desc=f"table1_speed[{name}, block {block}]", unit="batch",
+                      disable=not d.main):
+            lo = starts[j]
             prompts = task.prompts[lo: lo + pt.eval_batch_size]
             for m in methods:
                 _, seconds, decoder_seconds = runner.generate_batch(m, prompts, task.max_new_tokens, seed, lo)
-                timed[m.label][0].append(seconds)
-                timed[m.label][1].append(decoder_seconds)
+                mine[m.label].append((seconds, decoder_seconds))
+        timed = {label: tuple(map(list, zip(*runtime.gather(t, len(starts), d)))) for label, t in mine.items()}
         base = timed[methods[0].label][0]
         rows = {}
         for label, (seconds, decoder_seconds) in timed.items():
@@ -469,51 +436,15 @@ def time_block(p: Params, block: int, root: Path = Path("."), sft_dir: Path = Pa
         result["results"][name] = {"batches": starts, "batch_prompts": len(task.prompts[starts[0]: starts[0] + pt.eval_batch_size]),
                                    "methods": rows}
     result["seconds"] = time.perf_counter() - t0
-    atomic_write_json(out or speed_block_path(block, root / SPEED_DIR), result)
+    if d.main:
+        atomic_write_json(out or speed_block_path(block, root / SPEED_DIR), result)
     return result
 
 
-def load_speed_blocks(p: Params, methods: list[Method], directory: str | Path) -> list[dict]:
-    """Timing blocks 1..timing.table1_blocks - 1 from `directory`, each checked to time this
-    run's methods and tasks in its settings; a one-line DataError naming the file otherwise."""
-    import json
-
-    want, out = _speed_signature(p, methods), []
-    for b in range(1, p.timing.table1_blocks):
-        path = speed_block_path(b, directory)
-        if not path.is_file():
-            raise DataError(f"{path} is missing: Table 1's speed combines timing.table1_blocks="
-                            f"{p.timing.table1_blocks} timing blocks (run `dvc repro table1_speed` or "
-                            f"`python -m tadm table1-speed --block {b}`; the notebook's speed_blocks_dir '' times "
-                            "the scored pass alone)")
-        block = json.loads(path.read_text())
-        if block.get("format") != SPEED_FORMAT or block.get("blocks") != p.timing.table1_blocks:
-            raise DataError(f"{path}: format {block.get('format')!r} of {block.get('blocks')!r} blocks, this run reads "
-                            f"format {SPEED_FORMAT} of {p.timing.table1_blocks}: rerun `dvc repro table1_speed`")
-        for k, v in want.items():
-            if block.get(k) != v:
-                raise DataError(f"{path} was timed with {k} {block.get(k)!r}, this run has {v!r}: rerun "
-                                "`dvc repro table1_speed` at these settings (the notebook's speed_blocks_dir '' times "
-                                "the scored pass alone)")
-        out.append(block)
-    return out
-
-
-def combine_speed(rows: dict[str, dict], task: str, blocks: list[dict]) -> None:
-    """Each row's throughput_x of one task, from the scored pass (block 0, its paired speed-up)
-    and the timing blocks combined (`tadm.metrics.invocations.combine`): exp(mean of the blocks'
-    log ratios) ± their se on B - 1 df (throughput_df; never below the within-block part); the scored pass's own figure kept as
-    throughput_x_scored, every block's in speed_blocks."""
-    from tadm.metrics import invocations
-
-    for label, row in rows.items():
-        per = [(row["throughput_x"], row.get("throughput_se"))]
-        per += [(b["results"][task]["methods"][label]["throughput_x"], b["results"][task]["methods"][label]["throughput_se"])
-                for b in blocks]
-        c = invocations.combine([x for x, _ in per], [se for _, se in per])
-        row["throughput_x_scored"], row["throughput_se_scored"] = row["throughput_x"], row.get("throughput_se")
-        row["throughput_x"], row["throughput_se"], row["throughput_df"] = c["ratio"], c["se"], c["df"]
-        row["speed_blocks"] = c
+def speed_job(p: Params, d: runtime.Dist, args: dict) -> dict:
+    """Worker job "table1_speed" (`tadm.experiments.worker`): :func:`time_block` in one torchrun process."""
+    return time_block(p, int(args["block"]), root=Path(args["root"]), sft_dir=Path(args["sft_dir"]),
+                      out=worker.optional_path(args.get("out")), dist=d, control=bool(args.get("control", True)))
 
 
 def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out: Path | None = None,
@@ -535,7 +466,7 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
     timing.table1_blocks > 1 and a `speed_dir` (relative to `root`), the speed combined over the
     scored pass and the timing blocks there (:func:`combine_speed`; None: the scored pass alone)."""
 
-    if worker.needs_launch(p):
+    if worker.needs_launch(p, "table1"):
         return worker.launch("table1", p, {"root": str(root), "sft_dir": str(sft_dir),
                                            "out": str(out or root / "results" / "table1.json"),
                                            "unsafe_host_execution": unsafe_host_execution, "control": control,
@@ -625,7 +556,7 @@ def _same_share(a: dict[int, list[str]], b: dict[int, list[str]], seeds: list[in
     return sum(same) / len(same) if same else None
 
 
-def _add_same_outputs(rows: dict, methods: list[Method], replicas: list[Method], runs: dict,
+def _add_same_outputs(rows: dict, methods: list[Table1Method], replicas: list[Table1Method], runs: dict,
                       seeds: list[int]) -> dict[str, float]:
     """How often two rows write the very same completion, at the same K, example and seed (over
     posttrain.seeds, which every row decodes): each training-free cache row against TADM
@@ -649,326 +580,11 @@ def _add_same_outputs(rows: dict, methods: list[Method], replicas: list[Method],
     return bypass_runs
 
 
-def _run_record(m: Method, r: dict, bypass: dict | None = None) -> dict:
+def _run_record(m: Table1Method, r: dict, bypass: dict | None = None) -> dict:
     """One fusion run of a trained row: its training seed, accuracy (mean over its sampling seeds),
     per-seed accuracies and per-example correctness (one list per sampling seed, in `seeds` order)."""
     out = {"seed": m.run_seed, "accuracy": statistics.mean(r["accs"]), "accuracy_seeds": r["accs"],
            "seeds": r["seeds"], "correct_seeds": r["correct"]}
     if m.label in (bypass or {}):
         out["same_output_as_bypass"] = bypass[m.label]
-    return out
-
-
-# ----------------------------------------------------------------------------- statistics over runs
-
-
-def trained_row(row: dict) -> bool:
-    """A row whose fusion was trained and acts: the control, TADM at K >= 2 (K = 1 is the base)."""
-    return row["family"] == "control" or (row["family"] == "tadm" and (row["refresh_every"] or 1) > 1)
-
-
-def _runs_of(row: dict) -> list[list[list[int]]]:
-    """A row's runs as (sampling seeds x examples) 0/1 matrices: its fusion runs, or the row itself."""
-    return [r["correct_seeds"] for r in row["runs"]] if row.get("runs") else [row["correct_seeds"]]
-
-
-def within_run_var(correct_seeds: list[list[int]]) -> float | None:
-    """The sampling variance (points^2) of one run's accuracy, the mean over its S seeds and n
-    examples, given its fusion and the examples: sum_i s_i^2 / (n^2 S), s_i^2 the variance of
-    example i's correctness over the seeds (unbiased, ddof 1); None with one seed."""
-
-    x = np.asarray(correct_seeds, np.float64)
-    if x.ndim != 2 or x.shape[0] < 2:
-        return None
-    S, n = x.shape
-    return float(1e4 * x.var(axis=0, ddof=1).sum() / (n * n * S))
-
-
-def shared_seeds(rows: dict[str, dict], arms: list[str]) -> bool:
-    """Whether two fusion runs of one arm decoded with the same sampling seeds (a run record
-    without its seeds counts as sharing): their sampling noise is then common to the runs, not
-    independent of them."""
-    for a in arms:
-        seen = [tuple(r.get("seeds") or ()) for r in rows[a]["runs"]]
-        if any(not s for s in seen) or len(set(seen)) < len(seen):
-            return True
-    return False
-
-
-def between_run(rows: dict[str, dict]):
-    """The between-run variance (points^2) of the trained rows' run-level accuracies, pooled over
-    the arms -- TADM at every K >= 2 and the control (`tadm.metrics.replicates.pooled_between`) --
-    and the arms' labels; (None, arms) when no arm has two runs. Each run's own sampling variance
-    (:func:`within_run_var`) is subtracted only where the runs decoded with sampling seeds of their
-    own and every run has two seeds or more: runs that share their seeds share that noise, and the
-    run-level spread is then taken whole (the conservative side)."""
-
-    arms = [label for label, row in rows.items() if trained_row(row) and row.get("runs")]
-    values = [[r["accuracy"] for r in rows[a]["runs"]] for a in arms]
-    if not any(len(v) >= 2 for v in values):
-        return None, arms
-    within = [[within_run_var(r["correct_seeds"]) for r in rows[a]["runs"]] for a in arms]
-    if any(w is None for ws in within for w in ws) or shared_seeds(rows, arms):
-        within = None
-    return pooled_between(values, within), arms
-
-
-def welch(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
-    """Welch's comparison of two arms' run-level accuracies (points): (mean a - mean b, se,
-    Welch-Satterthwaite df); None unless both arms have two runs or more."""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / ((va ** 2 / (len(a) - 1)) + (vb ** 2 / (len(b) - 1))) if va + vb > 0 else math.inf
-    return statistics.mean(a) - statistics.mean(b), se, df
-
-
-def accuracy_delta(a: dict, b: dict, pooled) -> tuple[float, float]:
-    """Row a's accuracy minus row b's in points, over fusion runs and sampling seeds, and its se
-    (`tadm.metrics.replicates.replicated_accuracy_delta`): the example bootstrap of the per-example
-    differences of the means over runs and seeds, plus the pooled between-run variance times 1/n for
-    each trained side (:func:`trained_row`); an untrained side (base, caches, TADM K = 1) adds none."""
-
-    if a is b:
-        return 0.0, 0.0
-    return replicated_accuracy_delta(_runs_of(a), _runs_of(b), pooled, trained_row(b), a_trained=trained_row(a))
-
-
-def _num(x: float) -> float | None:
-    return None if x != x else float(x)  # JSON has no NaN (one example: no bootstrap se)
-
-
-def add_statistics(rows: dict[str, dict], base: str = "Base") -> dict | None:
-    """Per row of one task: its accuracy's mean over fusion runs (``accuracy_mean_runs``) and Δ vs the
-    base, the control and (a training-free cache) TADM at its K, each with its se over examples,
-    sampling seeds and -- for a trained side -- fusion runs (:func:`accuracy_delta`). Returns the
-    task's ``between_run`` record (None when no trained row has two runs)."""
-    pooled, arms = between_run(rows)
-    control = next((r for r in rows.values() if r["family"] == "control"), None)
-    tadm = {r["refresh_every"]: r for r in rows.values() if r["family"] == "tadm"}
-    for row in rows.values():
-        row["accuracy_mean_runs"] = (statistics.mean(r["accuracy"] for r in row["runs"]) if row.get("runs")
-                                     else row["accuracy"])
-        for key, ref in (("delta_vs_base", rows[base]), ("delta_vs_control", control),
-                         ("delta_vs_tadm", tadm.get(row["refresh_every"]) if row["family"] in DG_CACHES else None)):
-            if ref is None:
-                if key != "delta_vs_tadm":
-                    row[key] = row[key + "_se"] = None
-                continue
-            d, se = accuracy_delta(row, ref, pooled)
-            row[key], row[key + "_se"] = float(d), _num(se)
-    if pooled is None:
-        return None
-    return {"var_between": pooled.var_between, "var_runs": pooled.var_runs, "var_within": pooled.var_within,
-            "df": pooled.df, "runs": pooled.runs, "arms": arms}
-
-
-# ----------------------------------------------------------------------------- the table
-
-
-MATCHED = 0.01  # a cache row is at TADM's budget when their compute columns differ by at most this
-FIRST_FAMILIES = ("base", "control", "tadm")  # the table's row order, then the caches' (results/table1.json sorts its keys)
-
-
-def families() -> tuple[str, ...]:
-    """Table 1's row families in the table's order: the base, the control, TADM, then each
-    training-free cache of `tadm.registry.DG_CACHES` in its order."""
-    return (*FIRST_FAMILIES, *DG_CACHES.names())
-
-
-def _require(m: dict, keys: tuple[str, ...], source: str = "results/table1.json") -> None:
-    missing = [k for k in keys if k not in m]
-    if missing:
-        raise DataError(f"{source}: a method has no {', '.join(missing)} (written by an older tadm): rerun dvc repro table1")
-
-
-def _nan(x) -> float:
-    return float("nan") if x is None else float(x)
-
-
-def frame(results: dict):
-    """Table 1 as a pandas frame: one line per (task, method), its accuracy the mean over the row's
-    fusion runs (the main run alone for an untrained row) and its Δ columns those of
-    :func:`add_statistics`. A training-free cache's row also gets its Δ vs the TADM row at the same
-    K and whether its compute matches TADM's; a TADM row, how often it wrote the fusion-bypassed
-    row's completion."""
-    import pandas as pd
-
-    lines, order_of = [], families()
-    for task, r in results["tasks"].items():
-        _require(r, ("between_run",))
-        base = r["methods"]["Base"]
-        between = r["between_run"] or {}
-        for m in r["methods"].values():
-            _require(m, ("family", "layer_calls_weighted", "seeds", "delta_vs_base", "delta_vs_control",
-                         "accuracy_mean_runs"))
-            if m["family"] in DG_CACHES:
-                _require(m, ("same_output_as_tadm",))
-            if m["family"] in ("tadm", "control"):
-                _require(m, ("runs",))
-        tadm = {m["refresh_every"]: m for m in r["methods"].values() if m["family"] == "tadm"}
-        order = sorted(r["methods"].items(), key=lambda lm: (order_of.index(lm[1]["family"]), lm[1]["refresh_every"] or 0))
-        for label, m in order:
-            speedup, speedup_se, dec_speedup = m["throughput_x"], m["throughput_se"], m["decoder_speedup_x"]
-            bound = base["flops"] / m["flops"]
-            dec_bound = base["decoder_flops"] / m["decoder_flops"]
-            compute = m["layer_calls_weighted"] / base["layer_calls_weighted"]
-            ref = tadm.get(m["refresh_every"]) if m["family"] in DG_CACHES else None
-            matched = (None if ref is None
-                       else abs(compute - ref["layer_calls_weighted"] / base["layer_calls_weighted"]) <= MATCHED)
-            runs = m.get("runs") or []
-            replicated = trained_row(m) and between and len(runs) > 0
-            bypass = [x.get("same_output_as_bypass") for x in runs if x.get("same_output_as_bypass") is not None]
-            lines.append({"task": task, "method": label, "family": m["family"], "refresh_every": m["refresh_every"],
-                          "accuracy": m["accuracy_mean_runs"], "accuracy_main_run": m["accuracy"],
-                          # the ± of the accuracy: a trained row's pooled sd of one run's accuracy over
-                          # fusion runs (with its sampling noise), else the sd over sampling seeds
-                          "sd": math.sqrt(between["var_runs"]) if replicated else m["accuracy_sd"],
-                          "runs": len(runs) if runs else 1, "seeds": len(m["seeds"]),
-                          "run_accuracies": "/".join(f"{x['accuracy']:.1f}" for x in runs),
-                          "run_seeds": "/".join(str(x["seed"]) for x in runs),
-                          "delta_pts": m["delta_vs_base"], "delta_se": _nan(m["delta_vs_base_se"]),
-                          "delta_control_pts": _nan(m["delta_vs_control"]), "delta_control_se": _nan(m["delta_vs_control_se"]),
-                          "delta_tadm_pts": _nan(m.get("delta_vs_tadm")), "delta_tadm_se": _nan(m.get("delta_vs_tadm_se")),
-                          "matched": matched,
-                          "same_as_tadm": _nan(m.get("same_output_as_tadm")),
-                          "same_as_bypass": _nan(m.get("same_output_as_bypass")),
-                          "same_as_bypass_runs": "/".join(f"{x:.0%}" for x in bypass) if len(bypass) > 1 else "",
-                          "between_var": _nan(between.get("var_between")), "between_var_runs": _nan(between.get("var_runs")),
-                          "between_var_within": _nan(between.get("var_within")), "between_df": _nan(between.get("df")),
-                          "tokens_per_s": m["tokens_per_s"],
-                          "throughput_x": speedup, "throughput_se": speedup_se,
-                          "layer_calls": m["layer_calls"], "compute_x": compute,
-                          "flop_bound_x": bound, "measured_over_bound": speedup / bound,
-                          "decoder_share": statistics.median(m["decoder_seconds"]) / statistics.median(m["seconds"]),
-                          "decoder_speedup_x": dec_speedup, "decoder_bound_x": dec_bound,
-                          "decoder_measured_over_bound": dec_speedup / dec_bound})
-    return pd.DataFrame(lines)
-
-
-def speed_cell(v: float, se: float | None) -> str:
-    """A speed-up as a table cell, with its ± where there is one (None / NaN: a single batch)."""
-    return f"{v:.2f}x" if se is None or se != se else f"{v:.2f}x ± {se:.2f}x"
-
-
-def _pm(v: float, se: float) -> str:
-    """A Δ cell: its value ± se; no ± where there is no se (one example)."""
-    return "–" if v != v else f"{v:+.1f}" if se != se else f"{v:+.1f} ± {se:.1f}"
-
-
-def _vs_tadm(r) -> str:
-    """The Δ vs TADM cell: a cache row's Δ and how often it wrote TADM's very completion,
-    marked where its compute is not TADM's."""
-    cell = _pm(r.delta_tadm_pts, r.delta_tadm_se)
-    if r.same_as_tadm == r.same_as_tadm:  # NaN off the cache rows
-        cell += f"; {r.same_as_tadm:.0%} same text"
-    return cell if r.matched is None or r.matched != r.matched or r.matched else f"{cell} (unmatched)"
-
-
-def _accuracy_cell(r) -> str:
-    runs = int(r.runs) if r.runs == r.runs else 1
-    return f"{r.accuracy:.1f} ± {r.sd:.1f}" + (f" ({runs} runs)" if runs > 1 else "")
-
-
-def _notes_of(df) -> str:
-    """The lines under the table: each task's fusion runs and between-run variance, and how often
-    TADM wrote the fusion-bypassed row's completion."""
-    out = []
-    for task in dict.fromkeys(df.task):
-        t = df[df.task == task]
-        trained = t[t.run_accuracies.astype(bool) & t.family.isin(["tadm", "control"]) & (t.runs > 1)]
-        if len(trained):
-            b = trained.iloc[0]
-            seeds = b.run_seeds.replace("/", ", ")
-            runs = "; ".join(f"{r.method} {r.run_accuracies.replace('/', ', ')}" for r in trained.itertuples())
-            pooled = ("" if b.between_var != b.between_var else
-                      f" Between-run variance of a run's accuracy, pooled over TADM (K ≥ 2) and the control: "
-                      f"{b.between_var:.2f} pts² (" + (
-                          f"the runs' variance {b.between_var_runs:.2f} minus their mean sampling variance "
-                          f"{b.between_var_within:.2f}" if b.between_var_within > 0 else
-                          "the runs' variance taken whole: the runs share their sampling seeds, so their sampling "
-                          "noise is not subtracted") +
-                      f"; {int(b.between_df)} df); it enters the ± and every Δ se of a trained row.")
-            out.append(f"**{task}, fusion runs** (training seeds {seeds}; each fusion on the same frozen base, "
-                       f"accuracy in %): {runs}.{pooled}")
-        bypass = t[(t.family == "tadm") & t.same_as_bypass.notna()]
-        if len(bypass):
-            cells = ", ".join(f"{r.same_as_bypass:.0%} at K = {int(r.refresh_every)}"
-                              + (f" (fusion runs: {r.same_as_bypass_runs})" if r.same_as_bypass_runs else "")
-                              for r in bypass.itertuples())
-            out.append(f"**{task}, does the fusion act?** TADM writes the fusion-bypassed row's (naive reuse, the "
-                       f"same K) very completion on {cells} of (example, seed).")
-    return "".join(f"\n{line}\n" for line in out)
-
-
-def _caches_note(df) -> str:
-    """Each training-free cache of the table, by its unit's label and description (DG_CACHES)."""
-    present = set(df.family)
-    return "".join(f"*{DG_CACHES[name].label}* {DG_CACHES[name].description} " for name in DG_CACHES.names()
-                   if name in present)
-
-
-def to_markdown(df) -> str:
-    head = ("| Task | Method | Accuracy (%) | Δ vs base (pts) | Δ vs control (pts) | Δ vs TADM, same K (pts) | Tokens/s "
-            "| Throughput | Compute | FLOP bound | measured/bound | decoder share of time | decoder speed-up "
-            "| decoder FLOP bound | measured/bound |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    body = "".join(
-        f"| {r.task} | {r.method} | {_accuracy_cell(r)} | {_pm(r.delta_pts, r.delta_se)} | "
-        f"{_pm(r.delta_control_pts, r.delta_control_se)} | {_vs_tadm(r)} | {r.tokens_per_s:,.0f} | "
-        f"{speed_cell(r.throughput_x, r.throughput_se)} | {r.compute_x:.2f}x | {r.flop_bound_x:.2f}x | {r.measured_over_bound:.2f} | "
-        f"{r.decoder_share:.0%} | {r.decoder_speedup_x:.2f}x | {r.decoder_bound_x:.2f}x | {r.decoder_measured_over_bound:.2f} |\n"
-        for r in df.itertuples())
-    seeds = ", ".join(f"{r.method} {int(r.seeds)}" for r in df.drop_duplicates("family").itertuples())
-    note = ("\nAccuracy: the mean over the row's fusion runs (TADM, control: the main run and its replicates, each "
-            "trained with its own seed and decoded on the same frozen base; the other rows are not trained) and "
-            "sampling seeds, ± the sd of one fusion run's accuracy over training runs (pooled, with its sampling noise) "
-            "for TADM (K ≥ 2) and the control, else the sd over sampling seeds. "
-            "Δ: accuracy minus the base's / the control's / the TADM row's at the same K, ± its se: the bootstrap over "
-            "examples of the per-example differences of the means over runs and seeds, plus the between-run variance "
-            "over n runs for each trained side (tadm.metrics.replicates); \"same text\": the share of (example, seed) "
-            "where a cache row wrote exactly TADM's completion. "
-            f"Sampling seeds per row ({seeds}): the training-free caches decode at more seeds (posttrain.cache_seeds); "
-            "throughput and compute are counted at the seeds every row decodes, with the main fusion runs. "
-            "Control: the same fusion recipe (data, steps, seed, CE + KD) trained and evaluated with the anchor "
-            "recomputed at every step; Δ vs control isolates anchor reuse from the fine-tuning of the CE term. "
-            "Throughput: in each timing block (the scored pass and timing.table1_blocks - 1 timing-only processes "
-            "on prompt batches and a sampling seed of their own) the median over prompt batches of the base's time / "
-            "the method's on the same batch (the methods take turns on every batch); across blocks exp(mean of the "
-            "blocks' log ratios) ± sqrt(max(between-block, within-block variance) / blocks) on blocks - 1 df. Decoder speed-up: the scored pass's median, the "
-            "same way. "
-            "Compute: decoder-layer calls over the base's, a partly recomputed layer counted at its share of the "
-            f"canvas rows; a cache row is at TADM's budget when the two differ by at most {MATCHED:g} (else \"unmatched\").\n"
-            + _notes_of(df) +
-            "\nTraining-free caches (`tadm.caches`), on the same frozen base and sampler: " + _caches_note(df)
-            + "Fast-dLLM's prefix KV cache is built into every row: DiffusionGemma's causal encoder writes the K/V of the prompt and of "
-            "finished canvases once per canvas and the denoising steps only read them (exact here, as the base is "
-            "block-causal), so *TADM + prefix cache* is the TADM row, and Fast-dLLM's dual cache has no suffix to act "
-            "on.\n")
-    return head + body + note
-
-
-def metrics_dict(df) -> dict:
-    out = {}
-    for r in df.itertuples():
-        key = f"{r.task}_{r.method.replace(' ', '').replace('=', '').replace('(', '').replace(')', '')}"
-        deltas = {f"{key}_delta_pts": round(r.delta_pts, 3)}
-        if r.delta_se == r.delta_se:
-            deltas[f"{key}_delta_se"] = round(r.delta_se, 3)
-        if r.delta_control_pts == r.delta_control_pts:  # NaN without a control row
-            deltas[f"{key}_delta_control_pts"] = round(r.delta_control_pts, 3)
-        if r.delta_tadm_pts == r.delta_tadm_pts:  # a training-free cache's row
-            deltas[f"{key}_delta_tadm_pts"] = round(r.delta_tadm_pts, 3)
-            deltas[f"{key}_same_output_as_tadm"] = round(r.same_as_tadm, 4)
-        if r.same_as_bypass == r.same_as_bypass:  # a TADM row with a naive row at its K
-            deltas[f"{key}_same_output_as_bypass"] = round(r.same_as_bypass, 4)
-        out.update({f"{key}_accuracy": round(r.accuracy, 3), **deltas, f"{key}_throughput_x": round(r.throughput_x, 4),
-                    f"{key}_compute_x": round(r.compute_x, 4), f"{key}_measured_over_bound": round(r.measured_over_bound, 4),
-                    f"{key}_decoder_measured_over_bound": round(r.decoder_measured_over_bound, 4)})
-    for task in dict.fromkeys(df.task):
-        b = df[df.task == task].iloc[0]
-        if b.between_var == b.between_var:
-            out[f"{task}_between_run_var"] = round(b.between_var, 4)
-            out[f"{task}_between_run_df"] = int(b.between_df)
     return out

@@ -157,7 +157,7 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
     kwargs = dict(models_dir=str(models_dir), samples_dir=str(samples_dir), steps=steps, K=K, adaptive=adaptive,
                   checkpoint=checkpoint, sampler=sampler, out=None if out is None else str(out),
                   reuse_dir=None if reuse_dir is None else str(reuse_dir))
-    if worker.needs_launch(params):
+    if worker.needs_launch(params, "row"):
         return worker.launch("row", params, {"name": name, **scorer.worker_args(), "kwargs": kwargs})
     d = scorer.dist
     row = ROWS[name] if name in ROWS else Row(name, name, name)  # an unlisted run: its own label, default sampler
@@ -222,7 +222,7 @@ def run_sweep(row: str, params: Params, scorer: Scorer, *, T: int | None = None,
     T = int(T or params.sample.steps[0])
     K_values = [int(k) for k in (K_values or params.sample.sweep_refresh)]
     adaptive_thresholds = [float(a) for a in adaptive_thresholds]
-    if worker.needs_launch(params):
+    if worker.needs_launch(params, "sweep"):
         kwargs = dict(T=T, K_values=K_values, adaptive_thresholds=adaptive_thresholds, models_dir=str(models_dir),
                       samples_dir=str(samples_dir), results_dir=str(results_dir),
                       reuse_dir=None if reuse_dir is None else str(reuse_dir))

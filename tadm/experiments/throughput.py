@@ -79,7 +79,7 @@ results/throughput.json (``FORMAT`` 2)::
 
     {"format": 2,
      "rows": [row, ...],                      # the timed rows, in ROWS order
-     "references": ["adlm", "mdlm"],          # the rows every ratio is also given against
+     "references": ["adlm", "mdlm"],          # the rows every ratio is also given against (`speed_references`)
      "rounds": R, "batch": b, "seq_len": L,   # R rounds at batch b (sample.throughput_batch or batch_size)
      "window": W,                             # reverse steps timed per diffusion row, budget and round
      "start_steps": {"<T>": s},               # where every row's window starts, per budget
@@ -149,7 +149,6 @@ BLOCK_FORMAT = 2  # results/throughput/block_<b>.json: one timing block (`run`)
 OUT = Path("results/throughput.json")
 BLOCKS_DIR = Path("results/throughput")
 TABLE = Path("paper_figures/table2_throughput.md")
-REFERENCES = ("adlm", "mdlm")
 # what a timed call's ComputeCounter counted (a resumed window books no trajectory, so its per-token
 # and per-trajectory fields would not be that; flops_per_token below is the window's, scaled)
 CALL_COUNTERS = ("model_calls", "reused_calls", "anchor_calls", "anchor_layer_calls", "denoiser_layer_calls",
@@ -160,6 +159,14 @@ def timed_rows(rows=None) -> list[str]:
     """The rows that sample (a model; not Data), in ROWS order."""
     rows = ROWS if rows is None else rows
     return [name for name, row in rows.items() if row.model is not None]
+
+
+def speed_references(rows=None) -> tuple[str, ...]:
+    """The rows every speed ratio is also given against: those with a ``Row.speed_reference``,
+    in its rank (ADLM, then MDLM); read when asked, so a row registered later counts."""
+    rows = ROWS if rows is None else rows
+    refs = sorted((row.speed_reference, name) for name, row in rows.items() if row.speed_reference is not None)
+    return tuple(name for _, name in refs)
 
 
 def round_order(rows: list[str], r: int) -> list[str]:
@@ -299,11 +306,12 @@ def median_se(values: list[float], B: int = 1000) -> float | None:
     return _none_if_nan(spread(np.median(v[resamples(len(v), B)], axis=1)))
 
 
-def summarize(budget: dict, references=REFERENCES) -> None:
+def summarize(budget: dict, references=None) -> None:
     """Fill each row of one budget (its "seconds", "tokens" per call and optionally "scale" and
     "flops_per_token") with tokens/s per round, their median (± se) and, against each reference
-    row present, the paired ratio, the FLOP bound and measured / bound."""
+    row present (default: `speed_references`), the paired ratio, the FLOP bound and measured / bound."""
     rows = budget["rows"]
+    references = speed_references() if references is None else references
     for row in rows.values():
         row["tokens_per_s"] = [row["tokens"] / s for s in _trajectory_seconds(row)]
         row["tokens_per_s_median"] = float(statistics.median(row["tokens_per_s"]))
@@ -461,7 +469,7 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
     batch = timing_batch(cfg)
     result: dict[str, Any] = {
         "format": BLOCK_FORMAT, "block": block, "blocks": blocks, "batch_seed": sampling.batch_seed(params.seed, block),
-        "rows": rows, "references": [r for r in REFERENCES if r in rows],
+        "rows": rows, "references": [r for r in speed_references() if r in rows],
         "rounds": cfg.throughput_rounds, "batch": batch, "seq_len": cfg.canvas_length, "window": W,
         "start_steps": {str(T): s for T, s in starts.items()},
         "seed": params.seed, "device": str(d.device), "precision": d.precision,
@@ -742,7 +750,7 @@ def write_table(result: dict, path: str | Path = TABLE) -> None:
     atomic_write_text(path, to_markdown(result))
 
 
-__all__ = ["FORMAT", "BLOCK_FORMAT", "OUT", "BLOCKS_DIR", "TABLE", "REFERENCES", "timed_rows", "round_order",
+__all__ = ["FORMAT", "BLOCK_FORMAT", "OUT", "BLOCKS_DIR", "TABLE", "speed_references", "timed_rows", "round_order",
            "sample_run", "window_steps", "start_step", "timing_batch", "Timed", "prepare", "ratio_vs", "flop_bound",
            "summarize", "paired_ratio", "bound_ratio", "batch1_ratio", "ratio_entry", "row_tokens_per_s", "run",
            "block_path", "combine", "load_blocks", "load", "block_markdown", "to_markdown", "write_table"]

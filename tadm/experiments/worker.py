@@ -1,6 +1,7 @@
 """Multi-process runs of the experiments: ``python -m tadm.experiments.worker <job> <spec.json>``.
 
-The notebooks run in one kernel process. When ``runtime.nproc`` > 1, the notebook-level
+The notebooks run in one kernel process. When a job runs in several processes (:func:`processes`:
+``runtime.nproc`` > 1, or on a CPU ``runtime.cpu_processes`` > 1 for Table 1 and ASRD), the notebook-level
 functions (`table2.run_row`, `table2.run_sweep`, `tadm.experiments.table1.run`,
 `tadm.experiments.asrd.compare.run`) call :func:`launch`, which writes a spec file and runs
 
@@ -12,14 +13,15 @@ the work over the processes and gathers it back in order, and the main process w
 function's outputs (atomically, as in one process) plus its return value to the spec's
 ``result`` file; the notebook then continues from that file. A process whose job raises prints
 ``error: rank R: ...`` and exits at once (`runtime.exit_on_rank_error`); torchrun then stops
-the others and :func:`launch` reports that line first. With nproc == 1 nothing is
-launched and everything runs in the kernel.
+the others and :func:`launch` reports that line first. In one process nothing is launched and
+everything runs in the kernel.
 
 Jobs and their ``args`` (paths relative to the working directory, which the workers share):
 
     row      {"name", "tokenizer", "packed_dir", "kwargs": run_row's keyword arguments}
     sweep    {"row", "tokenizer", "packed_dir", "kwargs": run_sweep's keyword arguments}
     table1   {"root", "sft_dir", "out", "unsafe_host_execution", "control"}
+    table1_speed  {"block", "root", "sft_dir", "out", "control"}
     asrd     {"root", "out"}
 
 The spec file: ``{"job": ..., "params": tadm.config.to_dict(params), "args": {...},
@@ -52,19 +54,37 @@ TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
                 "TORCHELASTIC_ERROR_FILE")
 
 
-def needs_launch(params: Params) -> bool:
-    """True when `params` ask for several processes and this one is not one of them already."""
-    return params.runtime.nproc > 1 and not runtime.under_torchrun()
+# jobs whose prompt batches split over runtime.cpu_processes on a CPU (each process one share of the
+# CPU's threads); the others run in one process there
+CPU_SPLIT_JOBS = ("table1", "table1_speed", "asrd")
 
 
-def _env() -> dict[str, str]:
+def processes(params: Params, job: str) -> int:
+    """How many processes `job` runs in: runtime.nproc when > 1; on a CPU, runtime.cpu_processes
+    for the jobs of :data:`CPU_SPLIT_JOBS`; else 1."""
+    rt = params.runtime
+    if rt.nproc > 1:
+        return rt.nproc
+    if job in CPU_SPLIT_JOBS and rt.cpu_processes > 1 and runtime.resolve_device(rt.device).type == "cpu":
+        return rt.cpu_processes
+    return 1
+
+
+def needs_launch(params: Params, job: str) -> bool:
+    """True when `job` runs in several processes under `params` and this one is not one of them already."""
+    return processes(params, job) > 1 and not runtime.under_torchrun()
+
+
+def _env(threads: int | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    if threads:  # each process's share of the CPU's threads
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
 
 
 def launch(job: str, params: Params, args: dict[str, Any], log: Callable[[str], None] | None = None) -> Any:
-    """Run `job` under torchrun with params.runtime.nproc processes, wait, and return what its
+    """Run `job` under torchrun with :func:`processes` processes, wait, and return what its
     main process returned (a JSON value). The workers' output is echoed line by line (into the
     notebook when called from one); a failed run is a TadmError with its last lines."""
     if job not in JOBS:
@@ -74,10 +94,12 @@ def launch(job: str, params: Params, args: dict[str, Any], log: Callable[[str], 
         spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps({"job": job, "params": config.to_dict(params), "args": args,
                                     "result": str(result)}, indent=2))
-        argv = runtime.torchrun_argv(params.runtime.nproc, [MODULE, job, str(spec)])
+        n = processes(params, job)
+        argv = runtime.torchrun_argv(n, [MODULE, job, str(spec)])
         tail: collections.deque[str] = collections.deque(maxlen=30)
         cause = FailureCause()
-        proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        on_cpu = params.runtime.nproc == 1  # the CPU split: each process one share of the threads
+        proc = subprocess.Popen(argv, env=_env(runtime.job_threads(n) if on_cpu else None), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -128,6 +150,7 @@ class FailureCause:
 # only when a worker runs it: the modules that launch jobs import this one, never the reverse.
 JOBS: dict[str, str] = {"row": "tadm.experiments.table2:row_job", "sweep": "tadm.experiments.table2:sweep_job",
                         "table1": "tadm.experiments.table1:worker_job",
+                        "table1_speed": "tadm.experiments.table1:speed_job",
                         "asrd": "tadm.experiments.asrd.compare:worker_job"}
 
 

@@ -17,7 +17,7 @@ Batches (``--batch_size N``): prompts are left-padded with an attention mask, an
 draws its randomness from its own stream, seeded by (``seed``, the task, the document), so a
 document's completion is the same in any batch and at any batch size (:func:`row_streams`).
 
-Speed is counted as Table 1 counts it (:func:`tadm.experiments.table1.throughput`): generated
+Speed is counted as Table 1 counts it (:func:`tadm.experiments.table1_stats.throughput`): generated
 canvas positions only (not prompt tokens), over the median wall time of the full batches; the
 harness's results carry it under ``config`` (``generated_tokens_per_s``), per generated length.
 
@@ -123,23 +123,23 @@ def _batch_size(value) -> int:
 
 
 class _DiffusionGemmaRow:
-    """A Table 1 row on the frozen DiffusionGemma (`tadm.experiments.table1.Method`), generating
+    """A Table 1 row on the frozen DiffusionGemma (`tadm.experiments.table1.Table1Method`), generating
     through Table 1's `Runner` with every prompt on its own random stream."""
 
     def __init__(self, p, d, row: str, k: int | None, root: Path):
         from tadm.experiments.diffusiongemma import load_models
-        from tadm.experiments.table1 import CONTROL, Method, Runner
+        from tadm.experiments.table1 import CONTROL, Runner, Table1Method
 
         base, tadm, fresh, tok = load_models(p, root, d, control=row == "control")
         if row == "base":
-            method = Method("Base", base, None, None, "base", tuple(tadm.split.split))
+            method = Table1Method("Base", base, None, None, "base", tuple(tadm.split.split))
         elif row == "control":
-            method = Method(CONTROL, base, fresh, 1, "control")
+            method = Table1Method(CONTROL, base, fresh, 1, "control")
         elif row == "tadm":
-            method = Method(f"TADM K={k}", base, tadm, k, "tadm")
+            method = Table1Method(f"TADM K={k}", base, tadm, k, "tadm")
         else:
             cache = DG_CACHES[row]
-            method = Method(f"{cache.label} K={k}", base, cache.build(base, p), k, row)
+            method = Table1Method(f"{cache.label} K={k}", base, cache.build(base, p), k, row)
         self.method, self.runner = method, Runner(p, tok, [method], d)
         self.label, self.family, self.k = method.label, method.family, method.k
 
@@ -274,7 +274,7 @@ class TadmLM(LM):
         self.p, self.seed = p, p.posttrain.seed if seed is None else _whole("model_args.seed", seed, 0, SEED_MAX)
         d = runtime.Dist(0, 1, runtime.resolve_device(rt.device), rt.precision)
         self.engine = _LladaRow(p, d, variant) if row == LLADA else _DiffusionGemmaRow(p, d, row, k, Path(root))
-        self.method = getattr(self.engine, "method", None)  # Table 1's Method of a DiffusionGemma row
+        self.method = getattr(self.engine, "method", None)  # the Table1Method of a DiffusionGemma row
         self.timed: dict[int, list[tuple[int, float, float]]] = defaultdict(list)  # tokens per prompt -> batches
 
     # ------------------------------------------------------------------ generation
@@ -340,8 +340,8 @@ class TadmLM(LM):
 
     def speed(self) -> dict:
         """Generated tokens / s as Table 1 counts them, per generated length (canvas positions
-        per prompt): the full batches' median time (tadm.experiments.table1.throughput)."""
-        from tadm.experiments.table1 import throughput
+        per prompt): the full batches' median time (tadm.experiments.table1_stats.throughput)."""
+        from tadm.experiments.table1_stats import throughput
 
         return {str(n): throughput(timed, n) for n, timed in sorted(self.timed.items())}
 

@@ -22,7 +22,8 @@ class ADLMMethod(AnchoredMethod):
     model = ADLM
     adapter = ADLMAdapter
     steps_in_objective = True  # the ramp reads step / train.steps
-    rows = (Row("adlm", "ADLM", "adlm", "remdm-loop"),)
+    compute_column = True
+    rows = (Row("adlm", "ADLM", "adlm", "remdm-loop", speed_reference=0),)  # TADM's speed is given against it first
 
     def _terms(self, model, x, gen):
         t, z_t = self._noised(x, gen)
@@ -52,3 +53,11 @@ class ADLMMethod(AnchoredMethod):
         head = compute.lm_head_flops(cfg.d_model, vocab_size + 1)
         return cls.layers(cfg) * compute.dit_block_flops(cfg.d_model, seq_len, cfg.mlp_ratio) + head \
             + compute.dense_flops(vocab_size + 1, cfg.d_model) + head * head_rows
+
+    def train_head_rows(self, tokens, readout_rows):
+        return [tokens, readout_rows()]  # the anchor's head on every row, the denoiser's on its readout
+
+    @classmethod
+    def sampling_extra_flops(cls, m, vocab_size):
+        # the anchor's head on every row and the input map V+1 -> d, every step
+        return compute.lm_head_flops(m.d_model, vocab_size + 1) + compute.dense_flops(vocab_size + 1, m.d_model)

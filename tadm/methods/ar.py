@@ -23,3 +23,6 @@ class ARMethod(Method):
         # the head reads every position: every token predicts the next one
         return super().forward_flops(name, cfg, vocab_size, seq_len, 1.0)
 
+    def train_head_rows(self, tokens, readout_rows):
+        return [tokens]  # next-token prediction at every position
+

@@ -22,7 +22,10 @@ samplers, Table 2, the memory check and MFU then find it by name. A baseline in 
             return nelbo_from_rows(model(z_t, readout=self.readout(z_t, x)), t, self.schedule)
 
 and its params entries (``train.models``, the ``dvc.yaml`` sample rows). The defaults below are
-those of a single-network masked diffusion model (MDLM); a unit overrides what differs.
+those of a single-network masked diffusion model (MDLM); a unit overrides what differs. Nothing
+outside this package compares a method's name: every place that treats methods differently asks
+the unit (``METHODS[run]``, or `tadm.registry.method_for(model_type)` for a loaded network) one
+of the hooks of `Method`.
 ``tests/experiments/test_toy_method.py`` runs such a unit, defined in the test file, through
 training, sampling and Table 2 on the micro profile (docs/extending.md).
 """
@@ -54,6 +57,9 @@ class Row:
     model: str | None  # the training run under models/; None: the Data row
     sampler: str | None = None  # None: the profile's sample.sampler
     bypass_fusion: bool = False  # TADM: the fusion ablation (SampleRun.bypass_fusion)
+    # the throughput stage also gives every row's speed against this row, in this rank (0 first);
+    # None: not a reference (tadm.experiments.throughput.speed_references)
+    speed_reference: int | None = None
 
     @property
     def short(self) -> str:
@@ -68,6 +74,18 @@ class Method:
     network, ``loss`` is what training optimises and ``nelbo`` the validation bound, both (B,)
     nats per sequence. The class-level hooks (``forward_flops``, ``parameters``, ...) need no
     instance: the memory check and MFU ask them before anything is built.
+
+    What the rest of the code asks a unit, and who asks (each hook's docstring is its contract):
+
+    - capabilities: ``refreshes`` (an anchor cache refreshed every K steps: sample.budgets' K,
+      ASRD's refresh_every), ``compute_column`` (Table 2's compute column,
+      tadm.sampling.accounting), ``asrd`` (ASRD's MaskedBackend decodes its network), ``masked``;
+    - its network's output: ``canvas_logits`` (transformers' Auto classes, tadm.auto);
+    - sampling: ``make_adapter``, ``graphed_pieces``, ``noise_schedule``;
+    - compute: ``layers``, ``parameters``, ``forward_flops`` (memory check, MFU), ``layer_calls``
+      (a reverse trajectory, the compute column's formula), and the step-time model's
+      (tadm.step_time) ``train_head_rows`` / ``train_extra_flops`` for a training micro-batch and
+      ``sampling_layers`` / ``sampling_extra_flops`` for a reverse step.
     """
 
     names: ClassVar[tuple[str, ...]] = ()  # run names of train.models this unit trains
@@ -79,6 +97,8 @@ class Method:
     masked: ClassVar[bool] = True  # absorbing-state model: vocabulary + the mask token
     heads: ClassVar[int] = 1  # output heads (memory: each keeps its logits for backward)
     rows: ClassVar[tuple[Row, ...]] = ()  # its rows of Table 2, in the table's order
+    compute_column: ClassVar[bool] = False  # counted in Table 2's compute column (tadm.sampling.accounting)
+    asrd: ClassVar[bool] = False  # ASRD's MaskedBackend decodes its network (tadm.asrd.backends)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -148,6 +168,14 @@ class Method:
         """The validation bound, (B,) nats per sequence."""
         raise NotImplementedError
 
+    @classmethod
+    def canvas_logits(cls, model: TadmModel, z: torch.Tensor) -> torch.Tensor:
+        """The whole network's logits (B, L, V') on one canvas z (B, L): what its transformers
+        model returns (tadm.auto). Default: the network's first output (ADLM: the denoiser's;
+        its anchor's logits are internal)."""
+        out = model(z)
+        return out[0] if isinstance(out, tuple) else out
+
     # ------------------------------------------------------------------ sampling
 
     @classmethod
@@ -193,6 +221,37 @@ class Method:
         the network, and its LM head on the `head_rows` fraction of positions it projects."""
         return cls.layers(cfg) * compute.dit_block_flops(cfg.d_model, seq_len, cfg.mlp_ratio) \
             + compute.lm_head_flops(cfg.d_model, vocab_size + 1) * head_rows
+
+    @classmethod
+    def layer_calls(cls, m: ModelConfig, steps: int, refresh_every: int = 1) -> int:
+        """Transformer-layer calls of one reverse trajectory of `steps` steps, the anchor
+        refreshed every `refresh_every` (paper Sec. 3.3; the compute column's formula). Default:
+        every layer at every step."""
+        return steps * cls.layers(m)
+
+    def train_head_rows(self, tokens: int, readout_rows) -> list[float]:
+        """The rows each trained LM head projects in one training micro-batch of `tokens`
+        positions (tadm.step_time): ``readout_rows(shift)`` is a readout's rows for masks drawn
+        up to `shift` later (its capacity, or the mean masked rows). Default: one readout."""
+        return [readout_rows()]
+
+    @classmethod
+    def train_extra_flops(cls, m: ModelConfig, vocab_size: int) -> float:
+        """GEMM FLOPs per token of a training forward besides the blocks and the heads' rows
+        (`train_head_rows`), as the step-time model counts them. Default: none."""
+        return 0
+
+    @classmethod
+    def sampling_layers(cls, m: ModelConfig, refresh_every: int = 1) -> float:
+        """Transformer layers one reverse step runs on the canvas, averaged over a cycle of
+        `refresh_every` steps (tadm.step_time). Default: every layer at every step."""
+        return cls.layers(m)
+
+    @classmethod
+    def sampling_extra_flops(cls, m: ModelConfig, vocab_size: int) -> float:
+        """GEMM FLOPs per canvas token of one reverse step besides its layers
+        (`sampling_layers`) and the LM head on the decoded rows (tadm.step_time). Default: none."""
+        return 0
 
 
 class AnchoredMethod(Method):

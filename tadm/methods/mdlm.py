@@ -15,8 +15,10 @@ class MDLMMethod(Method):
     title = "MDLM (masked diffusion)"  # the family as the paper and its tables write it
     model = MDLM
     adapter = MDLMAdapter
+    compute_column = True
+    asrd = True
     rows = (
-        Row("mdlm", "MDLM", "mdlm", "mdlm"),
+        Row("mdlm", "MDLM", "mdlm", "mdlm", speed_reference=1),
         Row("mdlm_fb", "MDLM+FB", "mdlm", "mdlm-fb"),
         Row("mdlm_dfm", "MDLM+DFM", "mdlm", "mdlm-dfm"),
         Row("remdm", "ReMDM", "mdlm", "remdm-loop"),

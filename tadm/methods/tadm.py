@@ -25,6 +25,8 @@ class TADMMethod(AnchoredMethod):
     model = TADM
     adapter = TADMAdapter
     refreshes = True
+    compute_column = True
+    asrd = True
     rows = (
         Row("tadm_gamma0", "TADM† (γ=0)", "tadm_gamma0", "remdm-loop"),
         Row("tadm", "TADM‡ (γ=3e-3)", "tadm", "remdm-loop"),
@@ -62,6 +64,10 @@ class TADMMethod(AnchoredMethod):
         return nelbo_from_rows(ce, t, self.schedule)
 
     @classmethod
+    def canvas_logits(cls, model, z):
+        return model(z, z)  # a fresh anchor on the same canvas (cache age 0)
+
+    @classmethod
     def make_adapter(cls, model, refresh=None, bypass_fusion=False):
         return TADMAdapter(model, refresh, bypass_fusion=bypass_fusion)
 
@@ -76,3 +82,25 @@ class TADMMethod(AnchoredMethod):
         anchor_head = 0.0 if name in GAMMA0_RUNS else head * head_rows
         return cls.layers(cfg) * compute.dit_block_flops(cfg.d_model, seq_len, cfg.mlp_ratio) \
             + compute.fusion_flops(cfg.d_model) + head * head_rows + anchor_head
+
+    @classmethod
+    def layer_calls(cls, m, steps, refresh_every=1):
+        # C_cache = T L_D + ceil(T / K) L_A
+        return compute.cached_layer_calls(steps, refresh_every, m.anchor_layers, m.denoiser_layers)
+
+    def train_head_rows(self, tokens, readout_rows):
+        if self.name in GAMMA0_RUNS:  # TADM-dagger: the anchor head is not trained
+            return [readout_rows()]
+        return [readout_rows(), readout_rows(self.stale_shift)]  # D's on z_t, the anchor's on the staler z_t'
+
+    @classmethod
+    def train_extra_flops(cls, m, vocab_size):
+        return compute.fusion_flops(m.d_model)  # the fusion Phi
+
+    @classmethod
+    def sampling_layers(cls, m, refresh_every=1):
+        return m.denoiser_layers + m.anchor_layers / refresh_every  # the anchor once per K steps
+
+    @classmethod
+    def sampling_extra_flops(cls, m, vocab_size):
+        return compute.fusion_flops(m.d_model)  # the fusion Phi, every step

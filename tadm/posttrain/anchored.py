@@ -38,7 +38,6 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 )
 from transformers.models.diffusion_gemma.modeling_diffusion_gemma import DiffusionGemmaBlockDiffusionOutputWithPast
 
-from tadm.errors import ConfigError
 from tadm.posttrain.backbone import SplitDiffusionGemma
 from tadm.posttrain.fusion import PairedAttentionFusion
 from tadm.sampling.anchor_cache import FixedInterval
@@ -111,9 +110,7 @@ class TimeAnchoredDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
 
     @refresh_every.setter
     def refresh_every(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError("posttrain.refresh_every", f"K must be an integer >= 1, got {k!r}")
-        self.refresh = FixedInterval(k)  # the anchor's refresh policy
+        self.refresh = FixedInterval.parse(k, "posttrain.refresh_every", "K")  # the anchor's refresh policy
 
     def reset(self) -> None:
         """Forget the anchor cache and zero the counters."""

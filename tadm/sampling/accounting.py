@@ -2,12 +2,13 @@
 
 The column is the number of Transformer-layer calls one reverse trajectory makes (paper
 Sec. 3.3): MDLM 12 T, ADLM (12 + 6) T, TADM 6 T + 12 ceil(T / K) with K from Table 2's
-schedule. `compute_column` builds each model at the paper's depths (12 / 12 / 6 layers; the
+schedule; its models are those of every method unit with ``compute_column`` (`kinds`), in
+registration order. `compute_column` builds each model at the paper's depths (12 / 12 / 6 layers; the
 count does not depend on the width, the vocabulary or the canvas, so those are kept tiny and
 the weights random), runs the real sampling loop for T steps with every network call made
-(ddpm_cache off, as the paper's fixed-step budget), and reads the counters its hooks filled.
-Nothing is computed from the formula: `cached_layer_calls` is printed beside the count only
-as a check, and the paper's published numbers (`PUBLISHED`) beside both.
+(ddpm_cache off, as the paper's fixed-step budget; a unit that ``refreshes`` with Table 2's K),
+and reads the counters its hooks filled. Nothing is computed from the formula: the unit's
+`Method.layer_calls` is printed beside the count only as a check, and the paper's published numbers (`PUBLISHED`) beside both.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Iterator
 
 import torch
 
-from tadm.compute import cached_layer_calls
 from tadm.config import ModelConfig
 from tadm.models import build_model
+from tadm.registry import METHODS, method_for
 from tadm.sampling.adapters import make_adapter
 from tadm.sampling.anchor_cache import PAPER_REFRESH_SCHEDULE, BudgetSchedule
 from tadm.sampling.base import SamplerSettings, sample
@@ -31,11 +32,15 @@ PUBLISHED = {
     4096: {"mdlm": 49152, "adlm": 73728, "tadm": 36864},
 }
 PAPER_DEPTHS = dict(mdlm_layers=12, anchor_layers=12, denoiser_layers=6)
-KINDS = ("mdlm", "adlm", "tadm")
 
 
-def _model(kind: str, depths: dict[str, int], width: int, vocab: int, seq_len: int, seed: int) -> torch.nn.Module:
-    cfg = dataclasses.replace(ModelConfig(), d_model=width, n_heads=2, mlp_ratio=2, **depths)
+def kinds() -> tuple[str, ...]:
+    """The networks (model_type) the column counts: every unit with ``compute_column``, in
+    registration order (MDLM, ADLM, TADM); read when asked, so a unit registered later counts."""
+    return tuple(dict.fromkeys(u.model.model_type for u in METHODS.values() if u.compute_column))
+
+
+def _model(kind: str, cfg: ModelConfig, vocab: int, seq_len: int, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = build_model(kind, cfg, vocab, seq_len)
     with torch.no_grad():  # random, non-degenerate outputs (a fresh head is zero)
@@ -50,28 +55,26 @@ def compute_column(steps: list[int], schedule: dict[int, int] | None = None, dep
     paper's formula, the published value (if any), anchor calls, and the run's wall time."""
     schedule = dict(PAPER_REFRESH_SCHEDULE if schedule is None else schedule)
     depths = dict(PAPER_DEPTHS if depths is None else depths)
+    cfg = dataclasses.replace(ModelConfig(), d_model=width, n_heads=2, mlp_ratio=2, **depths)
     for T in steps:
         if T not in schedule:
             raise ValueError(f"no refresh interval K for T={T} in the schedule {schedule}")
         K = schedule[T]
-        for kind in KINDS:
-            model = _model(kind, depths, width, vocab, seq_len, seed)
-            with make_adapter(model, BudgetSchedule(schedule) if kind == "tadm" else None) as adapter:
+        for kind in kinds():
+            unit = method_for(kind)
+            model = _model(kind, cfg, vocab, seq_len, seed)
+            with make_adapter(model, BudgetSchedule(schedule) if unit.refreshes else None) as adapter:
                 result = sample(adapter, SamplerSettings(steps=T, ddpm_cache=False, seed=seed), num_samples=1,
                                 seq_len=seq_len)
             c = result.counters
-            if kind == "mdlm":
-                formula = cached_layer_calls(T, 1, 0, depths["mdlm_layers"])
-            else:
-                formula = cached_layer_calls(T, K if kind == "tadm" else 1, depths["anchor_layers"],
-                                             depths["denoiser_layers"])
-            yield {"T": T, "model": kind, "K": K if kind == "tadm" else None,
+            formula = unit.layer_calls(cfg, T, K if unit.refreshes else 1)
+            yield {"T": T, "model": kind, "K": K if unit.refreshes else None,
                    "layer_calls": c.layer_calls, "anchor_layer_calls": c.anchor_layer_calls,
                    "denoiser_layer_calls": c.denoiser_layer_calls, "anchor_calls": c.anchor_calls,
                    "model_calls": c.model_calls, "formula": formula,
                    "published": PUBLISHED.get(T, {}).get(kind) if depths == PAPER_DEPTHS else None,
                    "refreshes": len(result.refresh_steps[0]) if result.refresh_steps else None,
-                   "expected_refreshes": math.ceil(T / K) if kind == "tadm" else None,
+                   "expected_refreshes": math.ceil(T / K) if unit.refreshes else None,
                    "seconds": result.seconds}
 
 
@@ -89,4 +92,4 @@ def to_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["PUBLISHED", "PAPER_DEPTHS", "compute_column", "to_markdown"]
+__all__ = ["PUBLISHED", "PAPER_DEPTHS", "kinds", "compute_column", "to_markdown"]

@@ -34,6 +34,8 @@ from typing import Literal
 
 from torch import Tensor
 
+from tadm.errors import ConfigError
+
 # Table 2: anchor refresh interval K per sampling budget T.
 PAPER_REFRESH_SCHEDULE: dict[int, int] = {128: 2, 256: 2, 512: 2, 1024: 8, 2048: 4, 4096: 4}
 
@@ -119,6 +121,15 @@ class FixedInterval(RefreshPolicy):
 
     def __repr__(self) -> str:
         return f"FixedInterval(K={self.K})"
+
+    @classmethod
+    def parse(cls, k, key: str, what: str = "") -> "FixedInterval":
+        """The policy of a settable ``refresh_every`` (ASRD's backends, TADM:Post-train, the
+        feature cache): FixedInterval(k), or, unless k is an integer >= 1, a one-line
+        ConfigError naming the params `key`, "<what> must be an integer >= 1, got <k>"."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(key, f"{what + ' ' if what else ''}must be an integer >= 1, got {k!r}")
+        return cls(k)
 
     def due(self, cache: AnchorCache, step: int, z_t: Tensor, shallow: ShallowFn) -> bool:
         return cache.empty or self.stale(cache.age(step))

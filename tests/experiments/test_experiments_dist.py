@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from tadm import config
@@ -28,7 +29,7 @@ def test_two_processes_draw_and_score_what_one_does(row, table2_workspace, evalu
         # separate evaluator caches: the two-process run featurizes the references itself
         p = config.from_dict(table2_raw(table2_workspace, evaluator_dir, **{"runtime.nproc": nproc,
                                                                              "eval.cache_dir": str(tmp_path / f"cache{nproc}")}))
-        assert worker.needs_launch(p) == (nproc > 1)
+        assert worker.needs_launch(p, "row") == (nproc > 1)
         scorer = table2.Scorer(p, tok, micro_packed)
         out = tmp_path / f"n{nproc}"
         results[nproc] = table2.run_row(row, p, scorer, models_dir=table2_workspace / "models", samples_dir=out,
@@ -53,12 +54,30 @@ def _same(a: dict, b: dict, keys: tuple[str, ...]) -> None:
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
 
 
-def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path):
+def test_how_many_processes_each_job_runs_in(monkeypatch):
+    """runtime.nproc > 1 is every job's count; on a CPU runtime.cpu_processes splits Table 1, its
+    timing blocks and ASRD only; on a GPU it is ignored."""
+    from tadm import runtime
+
+    def procs(job, **keys):
+        return worker.processes(config.from_dict(posttrain_raw(**keys)), job)
+
+    assert [procs(j, **{"runtime.nproc": 4, "runtime.cpu_processes": 2}) for j in worker.JOBS] == [4] * len(worker.JOBS)
+    split = {j: procs(j, **{"runtime.cpu_processes": 2}) for j in worker.JOBS}
+    assert split == {"row": 1, "sweep": 1, "table1": 2, "table1_speed": 2, "asrd": 2}
+    assert all(procs(j) == 1 for j in worker.JOBS)  # cpu_processes 1
+    monkeypatch.setattr(runtime, "resolve_device", lambda setting="auto": torch.device("cuda", 0))
+    assert all(procs(j, **{"runtime.cpu_processes": 2}) == 1 for j in worker.JOBS)
+
+
+@pytest.mark.parametrize("keys", [{"runtime.nproc": 2}, {"runtime.cpu_processes": 2}], ids=["nproc", "cpu_processes"])
+def test_table1_two_processes_score_what_one_does(keys, posttrain_workspace, tmp_path):
     from tadm.experiments import table1
 
     results = {}
     for nproc in (1, 2):
-        p = config.from_dict(posttrain_raw(**{"runtime.nproc": nproc}))
+        p = config.from_dict(posttrain_raw(**(keys if nproc == 2 else {})))
+        assert worker.needs_launch(p, "table1") == (nproc > 1)
         results[nproc] = table1.run(p, root=posttrain_workspace, sft_dir=posttrain_workspace / "data" / "sft",
                                     out=tmp_path / f"table1_{nproc}.json", log=lambda *_: None)
         assert json.loads((tmp_path / f"table1_{nproc}.json").read_text()) == results[nproc]
@@ -75,6 +94,26 @@ def test_table1_two_processes_score_what_one_does(posttrain_workspace, tmp_path)
         base = r["methods"]["Base"]
         assert base["throughput_x"] == 1.0 and base["decoder_speedup_x"] == 1.0
         assert all(len(m["seconds"]) == len(base["seconds"]) and m["throughput_x"] > 0 for m in r["methods"].values())
+    # every full batch is timed, whichever process ran it (the two full batches of 3; one ran on each)
+    assert len(one["methods"]["Base"]["seconds"]) == len(two["methods"]["Base"]["seconds"]) == 2
+
+
+def test_a_timing_block_in_two_processes_times_every_batch_once(posttrain_workspace, tmp_path):
+    from tadm.experiments import table1
+
+    blocks = {}
+    for n in (1, 2):
+        p = config.from_dict(posttrain_raw(**{"runtime.cpu_processes": n, "timing.table1_blocks": 2,
+                                              "timing.table1_batches": 2}))
+        out = tmp_path / f"block_{n}.json"
+        blocks[n] = table1.time_block(p, 1, root=posttrain_workspace, sft_dir=posttrain_workspace / "data" / "sft",
+                                      out=out)
+        assert json.loads(out.read_text()) == json.loads(json.dumps(blocks[n]))
+    one, two = (blocks[n]["results"]["arithmetic"] for n in (1, 2))
+    assert one["batches"] == two["batches"] and len(one["batches"]) == 2
+    for label, m in one["methods"].items():
+        assert len(m["seconds"]) == len(two["methods"][label]["seconds"]) == 2
+        assert len(two["methods"][label]["decoder_seconds"]) == 2 and two["methods"][label]["throughput_x"] > 0
 
 
 def test_asrd_two_processes_score_what_one_does(posttrain_workspace, tmp_path):

@@ -10,7 +10,7 @@ from tests.experiments.conftest import posttrain_raw
 
 
 def test_cache_rows_run_at_every_k_of_two_or_more_with_their_closed_form_layer_calls(posttrain_workspace, tmp_path):
-    from tadm.experiments import table1
+    from tadm.experiments import table1, table1_render
 
     p = config.from_dict(posttrain_raw())
     pt = p.posttrain
@@ -31,7 +31,7 @@ def test_cache_rows_run_at_every_k_of_two_or_more_with_their_closed_form_layer_c
         assert feature["layer_calls"] < feature["layer_calls_weighted"] < tadm["layer_calls"]
         assert 0.0 <= naive["same_output_as_tadm"] <= 1.0 and 0.0 <= feature["same_output_as_tadm"] <= 1.0
     assert "same_output_as_tadm" not in rows["TADM K=2"] and "same_output_as_tadm" not in rows["Base"]
-    df = table1.frame(results).set_index("method")
+    df = table1_render.frame(results).set_index("method")
     # 1 / 2 / 1 layers, 8-row canvases: the matched share 1/3 floors to 2 of 8 rows, 0.03 below TADM
     assert not df.loc["Feature cache K=2"].matched and df.loc["Naive reuse K=3"].matched
     assert df.loc["Feature cache K=3"].delta_tadm_pts == df.loc["Feature cache K=3"].delta_tadm_pts  # not NaN

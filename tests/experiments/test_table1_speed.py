@@ -1,6 +1,7 @@
-"""Table 1's speed across invocations (tadm.experiments.table1): timing-only blocks, each its own
-process with its own prompt batches and sampling seed, combined with the scored pass on the log
-scale; a block timed with other settings is refused in one line."""
+"""Table 1's speed across invocations (tadm.experiments.table1_speed; the blocks timed by
+tadm.experiments.table1.time_block): timing-only blocks, each its own process with its own prompt
+batches and sampling seed, combined with the scored pass on the log scale; a block timed with other
+settings is refused in one line."""
 
 from __future__ import annotations
 
@@ -14,17 +15,17 @@ import pytest
 
 from tadm import config
 from tadm.errors import DataError
-from tadm.experiments import table1
+from tadm.experiments import table1, table1_speed
 from tadm.metrics.invocations import combine
 from tests.experiments.conftest import posttrain_raw
 
 
 def test_speed_starts_spread_the_blocks_over_the_full_batches():
     # 10 full batches of 4 (40 examples), 2 per block: block 1 from the first, the last block ending at the last
-    assert [table1.speed_starts(42, 4, b, 4, 2) for b in (1, 2, 3)] == [[0, 4], [16, 20], [32, 36]]
-    assert table1.speed_starts(42, 4, 1, 2, 2) == [0, 4]
-    assert table1.speed_starts(8, 16, 1, 3, 2) == [0]  # no full batch: the first (short) one
-    assert table1.speed_starts(8, 3, 2, 3, 5) == [0, 3]  # more asked than there are: every full batch
+    assert [table1_speed.speed_starts(42, 4, b, 4, 2) for b in (1, 2, 3)] == [[0, 4], [16, 20], [32, 36]]
+    assert table1_speed.speed_starts(42, 4, 1, 2, 2) == [0, 4]
+    assert table1_speed.speed_starts(8, 16, 1, 3, 2) == [0]  # no full batch: the first (short) one
+    assert table1_speed.speed_starts(8, 3, 2, 3, 5) == [0, 3]  # more asked than there are: every full batch
 
 
 def test_timing_blocks_in_their_own_processes_combine_with_the_scored_pass(posttrain_workspace, tmp_path):
@@ -37,14 +38,14 @@ def test_timing_blocks_in_their_own_processes_combine_with_the_scored_pass(postt
     for b in (1, 2):  # each block its own process, as the pipeline runs them
         proc = subprocess.run([sys.executable, "-m", "tadm", "--params", str(params), "table1-speed", "--block", str(b),
                                "--root", str(posttrain_workspace), "--sft", str(posttrain_workspace / "data" / "sft"),
-                               "--out", str(table1.speed_block_path(b, blocks))], capture_output=True, text=True)
+                               "--out", str(table1_speed.speed_block_path(b, blocks))], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-    timed = [json.loads(table1.speed_block_path(b, blocks).read_text()) for b in (1, 2)]
+    timed = [json.loads(table1_speed.speed_block_path(b, blocks).read_text()) for b in (1, 2)]
     labels = ["Base", table1.CONTROL, "TADM K=2"]
     for b, block in zip((1, 2), timed):
-        assert block["block"] == b and block["seed"] == table1.SPEED_SEED + b and block["methods"] == labels
+        assert block["block"] == b and block["seed"] == table1_speed.SPEED_SEED + b and block["methods"] == labels
         r = block["results"]["arithmetic"]
-        assert r["batches"] == table1.speed_starts(8, 3, b, 3, 1) and len(r["methods"]["Base"]["seconds"]) == 1
+        assert r["batches"] == table1_speed.speed_starts(8, 3, b, 3, 1) and len(r["methods"]["Base"]["seconds"]) == 1
         assert r["methods"]["Base"]["throughput_x"] == 1.0
     assert timed[0]["results"]["arithmetic"]["batches"] != timed[1]["results"]["arithmetic"]["batches"]
 

@@ -154,3 +154,60 @@ def test_an_unregistered_name_is_refused_with_the_registered_ones(toy, tmp_path)
         get_method("nope", p)
     with torch.device("meta"):
         assert get_method("toy", p).build_model(10, 8).model_type == "toy"
+
+
+def test_every_place_that_treats_methods_apart_asks_the_unit(toy, tmp_path, monkeypatch):
+    """The hooks of `Method` with their single-network defaults: the step-time model, the
+    compute column, ASRD's backend, the throughput references, the claims' row models and the
+    Auto classes read the toy unit as they read the library's, with no name list edited."""
+    import dataclasses
+
+    from tadm.asrd.backends import MaskedBackend
+    from tadm.experiments import throughput
+    from tadm.experiments.claims import evidence
+    from tadm.sampling import accounting
+    from tadm.step_time import H100, sampling_step, training_step
+
+    p = config.from_dict(table2_raw(tmp_path, tmp_path))
+    # step time: its one block (Toy.layers), one readout, nothing besides: MDLM's step at one layer
+    one = dataclasses.replace(p, model=dataclasses.replace(p.model, mdlm_layers=1))
+    assert training_step("toy", p, H100).parts == training_step("mdlm", one, H100).parts
+    assert sampling_step("toy", p, H100, 8, 64).parts == sampling_step("mdlm", one, H100, 8, 64).parts
+    assert toy.layer_calls(p.model, 64, 4) == 64  # every layer, every step
+
+    # the compute column: counted once it says so, its formula beside the counted calls
+    assert accounting.kinds() == ("mdlm", "adlm", "tadm")
+    monkeypatch.setattr(toy, "compute_column", True)
+    assert accounting.kinds() == ("mdlm", "adlm", "tadm", "toy")
+    depths = dict(mdlm_layers=2, anchor_layers=2, denoiser_layers=1)
+    row = [r for r in accounting.compute_column([4], schedule={4: 2}, depths=depths) if r["model"] == "toy"]
+    assert len(row) == 1 and row[0]["layer_calls"] == row[0]["formula"] == 4 and row[0]["K"] is None
+
+    # ASRD: the backend's model list derives from the units with `asrd`
+    with torch.device("meta"):
+        net = get_method("toy", p).build_model(10, 8)
+    with pytest.raises(ConfigError, match=r"ASRD runs on 'mdlm' or 'tadm' models, got 'toy'"):
+        MaskedBackend(net)
+    monkeypatch.setattr(toy, "asrd", True)
+    with pytest.raises(ConfigError, match=r"asrd\.refresh_every: TOY has no anchor to reuse"):
+        MaskedBackend(net, refresh_every=2)
+
+    # throughput's references (Row.speed_reference, by rank) and the claims' row -> checkpoint
+    assert throughput.speed_references() == ("adlm", "mdlm")
+    ranked = {"a": Row("a", "A", "a", speed_reference=1), "b": Row("b", "B", "b", speed_reference=0), "c": Row("c", "C", "c")}
+    assert throughput.speed_references(ranked) == ("b", "a")
+    assert evidence.row_model("toy") == "toy" and evidence.row_model("tadm_nofusion") == "tadm"
+    with pytest.raises(KeyError):
+        evidence.row_model("data")
+
+    # the Auto classes return the unit's canvas_logits (the default: the network's output)
+    from transformers import AutoModel
+
+    import tadm  # noqa: F401  (the Auto classes)
+    torch.manual_seed(0)
+    net = get_method("toy", p).build_model(10, 8)
+    net.save_pretrained(tmp_path / "toy")
+    z = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(AutoModel.from_pretrained(tmp_path / "toy")(z), toy.canvas_logits(net.eval(), z))
+        assert torch.equal(toy.canvas_logits(net, z), net(z))

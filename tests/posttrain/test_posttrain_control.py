@@ -16,7 +16,7 @@ from tests.posttrain.test_posttrain_train import batch, params, step
 
 from tadm.errors import ConfigError, DataError
 from tadm.posttrain import model as dgm
-from tadm.experiments import table1
+from tadm.experiments import table1, table1_render, table1_stats
 from tadm.posttrain.objective import Rollout, posttrain_loss
 
 
@@ -107,8 +107,8 @@ def _row(accs, tps=100.0, calls=300, control=False, k=None, family=None, weighte
 def stats(r: dict) -> dict:
     """`r` with every task's statistics over fusion runs, as table1.run writes them."""
     for t in r["tasks"].values():
-        table1.add_speedups(t["methods"], "Base")
-        t["between_run"] = table1.add_statistics(t["methods"])
+        table1_stats.add_speedups(t["methods"], "Base")
+        t["between_run"] = table1_stats.add_statistics(t["methods"])
     return r
 
 
@@ -130,7 +130,7 @@ def _paired_se(m, ref) -> float:
 def test_table1_reports_delta_vs_base_and_vs_the_control_with_their_paired_se():
     r = results()
     methods = r["tasks"]["arithmetic"]["methods"]
-    df = table1.frame(r).set_index("method")
+    df = table1_render.frame(r).set_index("method")
     assert list(df.index) == ["Base", table1.CONTROL, "TADM K=1", "TADM K=2"]
     k2 = df.loc["TADM K=2"]
     assert k2.delta_pts == pytest.approx(9.0)  # +9 on every seed
@@ -139,16 +139,16 @@ def test_table1_reports_delta_vs_base_and_vs_the_control_with_their_paired_se():
     assert k2.delta_control_se == pytest.approx(_paired_se(methods["TADM K=2"], methods[table1.CONTROL]), rel=0.15)
     assert df.loc[table1.CONTROL].delta_control_pts == 0 and df.loc["Base"].delta_pts == 0
     assert df.loc["TADM K=1"].delta_se == 0  # the same answers as the base
-    md = table1.to_markdown(df.reset_index())
+    md = table1_render.to_markdown(df.reset_index())
     assert "Δ vs control (pts)" in md and f"| -1.0 ± {k2.delta_control_se:.1f} |" in md and "| +9.0 ± " in md
-    metrics = table1.metrics_dict(df.reset_index())
+    metrics = table1_render.metrics_dict(df.reset_index())
     assert metrics["arithmetic_TADMK2_delta_control_pts"] == -1.0
     assert metrics["arithmetic_Controlfreshanchor_accuracy"] == pytest.approx(32.0)
     del methods["Base"]["delta_vs_base"]
     with pytest.raises(DataError, match="delta_vs_base"):  # written by an older tadm
-        table1.frame(r)
-    df = table1.frame(results(control=False))
-    assert df.delta_control_pts.isna().all() and "| – |" in table1.to_markdown(df)
+        table1_render.frame(r)
+    df = table1_render.frame(results(control=False))
+    assert df.delta_control_pts.isna().all() and "| – |" in table1_render.to_markdown(df)
 
 
 def test_the_claims_read_the_same_differences_as_table1(tmp_path):
@@ -189,7 +189,7 @@ def test_the_cli_trains_the_control_and_hands_the_flag_to_torchrun(monkeypatch):
 
 
 def test_throughput_is_the_median_over_full_batches_of_every_seed():
-    throughput = table1.throughput
+    throughput = table1_stats.throughput
     # two seeds' full batches of 16 prompts and a last, shorter batch of 7 each
     timed = [(16, 2.0, 1.8), (16, 4.0, 3.6), (7, 1.0, 0.9), (16, 3.5, 3.0), (16, 2.5, 2.2), (7, 0.9, 0.8)]
     out = throughput(timed, tokens_per_prompt=32)
@@ -202,9 +202,9 @@ def test_throughput_is_the_median_over_full_batches_of_every_seed():
 
 def test_the_table_shows_each_method_s_paired_speed_up():
     # the pairing itself: tests/metrics/test_metrics_bootstrap.py
-    df = table1.frame(results()).set_index("method")
+    df = table1_render.frame(results()).set_index("method")
     assert df.loc["TADM K=2"].throughput_x == pytest.approx(1.5) and df.loc["Base"].throughput_x == 1.0
-    assert "| 1.50x ± 0.00x |" in table1.to_markdown(df.reset_index())
+    assert "| 1.50x ± 0.00x |" in table1_render.to_markdown(df.reset_index())
 
 
 def test_each_prompt_batch_is_generated_by_every_method_in_turn(tiny_base, monkeypatch):
@@ -246,7 +246,7 @@ def test_a_cache_row_is_compared_with_tadm_at_the_same_k_and_marked_when_unmatch
     methods["Naive reuse K=2"] = _row([24.0, 26.0, 28.0], 150.0, 200, k=2, family="naive", same=0.8)  # TADM's calls
     methods["Feature cache K=2"] = _row([28.0, 30.0, 32.0], 140.0, 100, k=2, family="feature", weighted=190.0)
     stats(r)
-    df = table1.frame(json.loads(json.dumps(r, sort_keys=True))).set_index("method")  # as results/table1.json holds it
+    df = table1_render.frame(json.loads(json.dumps(r, sort_keys=True))).set_index("method")  # as results/table1.json holds it
     assert list(df.index) == ["Base", table1.CONTROL, "TADM K=1", "TADM K=2", "Naive reuse K=2", "Feature cache K=2"]
     naive, feature = df.loc["Naive reuse K=2"], df.loc["Feature cache K=2"]
     assert naive.delta_tadm_pts == pytest.approx(-5.0) and feature.delta_tadm_pts == pytest.approx(-1.0)
@@ -254,16 +254,16 @@ def test_a_cache_row_is_compared_with_tadm_at_the_same_k_and_marked_when_unmatch
     assert feature.compute_x == pytest.approx(190 / 300)  # the weighted calls, not the hooks' 100
     assert naive.matched is True and feature.matched is False  # 0.633 vs TADM's 0.667
     assert df.delta_tadm_pts[["Base", table1.CONTROL, "TADM K=1", "TADM K=2"]].isna().all()
-    md = table1.to_markdown(df.reset_index())
+    md = table1_render.to_markdown(df.reset_index())
     assert "| -5.0 ± " in md and "(unmatched)" in md and md.count("(unmatched)") == 1
     assert "; 80% same text |" in md and "; 25% same text (unmatched) |" in md
-    metrics = table1.metrics_dict(df.reset_index())
+    metrics = table1_render.metrics_dict(df.reset_index())
     assert metrics["arithmetic_NaivereuseK2_delta_tadm_pts"] == -5.0 and "arithmetic_TADMK2_delta_tadm_pts" not in metrics
     assert metrics["arithmetic_NaivereuseK2_same_output_as_tadm"] == 0.8 and "arithmetic_TADMK2_same_output_as_tadm" not in metrics
     del methods["Naive reuse K=2"]["same_output_as_tadm"]
     with pytest.raises(DataError, match="same_output_as_tadm"):
-        table1.frame(r)
+        table1_render.frame(r)
     methods["Naive reuse K=2"]["same_output_as_tadm"] = 0.8
     del methods["Feature cache K=2"]["layer_calls_weighted"]
     with pytest.raises(DataError, match="layer_calls_weighted"):
-        table1.frame(r)
+        table1_render.frame(r)

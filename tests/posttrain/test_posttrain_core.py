@@ -152,7 +152,7 @@ def test_reused_steps_feed_the_fusion_the_cached_states(tiny_base, monkeypatch):
 
 def test_paper_compute_ratios_at_2_20_8():
     """Layer calls per step relative to the base: (10 + 20/K) / 30 -> 1.00 / 0.67 / 0.56 (48 steps)."""
-    from tadm.experiments.table1 import Method
+    from tadm.experiments.table1 import Table1Method
 
     class Split:
         split = (2, 20, 8)
@@ -161,11 +161,11 @@ def test_paper_compute_ratios_at_2_20_8():
         split = Split()
         share = 9 / 29  # the feature cache's matched share at 2/20/8
 
-    base = Method("Base", None, None, None, "base", (2, 20, 8)).layer_calls_per_step(48)
-    ratios = [Method("k", None, Stub(), k).layer_calls_per_step(48) / base for k in (1, 2, 3)]
+    base = Table1Method("Base", None, None, None, "base", (2, 20, 8)).layer_calls_per_step(48)
+    ratios = [Table1Method("k", None, Stub(), k).layer_calls_per_step(48) / base for k in (1, 2, 3)]
     assert [round(r, 2) for r in ratios] == [1.00, 0.67, 0.56]
     # the feature cache at the matched share, 256-row canvases: floor(256 * 9/29) = 79 rows
-    feature = [Method("f", None, Stub(), k, "feature").layer_calls_per_step(48, 256) / base for k in (2, 3)]
+    feature = [Table1Method("f", None, Stub(), k, "feature").layer_calls_per_step(48, 256) / base for k in (2, 3)]
     assert feature == pytest.approx([(48 + 29 * (24 + 24 * 79 / 256)) / 48 / 30, (48 + 29 * (16 + 32 * 79 / 256)) / 48 / 30])
     assert [round(r, 2) for r in feature] == [0.67, 0.55]
 

@@ -25,7 +25,7 @@ from tests.posttrain.test_posttrain_control import _row, stats
 from tadm import config
 from tadm.errors import ConfigError, DataError
 from tadm.posttrain import model as dgm
-from tadm.experiments import table1
+from tadm.experiments import table1, table1_render, table1_stats
 from tadm.posttrain import train as pt_train
 from tadm.train import checkpoint as ck
 
@@ -301,11 +301,11 @@ def test_table1_decodes_every_fusion_run_with_two_tasks(trained, tmp_path, monke
         assert ctl["delta_vs_control"] == 0
         assert rows["Feature cache K=3"]["delta_vs_tadm"] == pytest.approx(
             rows["Feature cache K=3"]["accuracy_mean_runs"] - k3["accuracy_mean_runs"])
-    df = table1.frame(results)
+    df = table1_render.frame(results)
     assert set(df.task) == {"arithmetic", "gsm8k"}
-    md = table1.to_markdown(df)
+    md = table1_render.to_markdown(df)
     assert "**arithmetic, does the fusion act?**" in md and "**gsm8k, fusion runs**" in md
-    metrics = table1.metrics_dict(df)
+    metrics = table1_render.metrics_dict(df)
     assert "gsm8k_TADMK3_same_output_as_bypass" in metrics and "arithmetic_between_run_df" in metrics
 
 
@@ -338,7 +338,7 @@ def test_the_training_term_enters_a_trained_rows_delta_and_not_a_caches_vs_the_b
     # the between-run variance pooled over TADM K=2 and the control (df = 2 + 2), each run's
     # sampling variance over its seeds subtracted
     runs = [[x["accuracy"] for x in rows[a]["runs"]] for a in (table1.CONTROL, "TADM K=2")]
-    within = [[table1.within_run_var(x["correct_seeds"]) for x in rows[a]["runs"]] for a in (table1.CONTROL, "TADM K=2")]
+    within = [[table1_stats.within_run_var(x["correct_seeds"]) for x in rows[a]["runs"]] for a in (table1.CONTROL, "TADM K=2")]
     pool = pooled_between(runs, within)
     assert between["df"] == 4 and between["arms"] == [table1.CONTROL, "TADM K=2"]
     assert between["var_between"] == pytest.approx(pool.var_between) and pool.var_between > 0
@@ -371,11 +371,11 @@ def test_the_training_term_enters_a_trained_rows_delta_and_not_a_caches_vs_the_b
     # TADM at K = 1 is the base by construction: not a trained arm, no training term
     assert rows["TADM K=1"]["delta_vs_base_se"] == 0 and rows["TADM K=1"]["delta_vs_base"] == 0
     # the table: a trained row's accuracy is the mean over its runs ± one run's pooled sd
-    df = table1.frame(replicated()).set_index("method")
+    df = table1_render.frame(replicated()).set_index("method")
     assert df.loc["TADM K=2"].accuracy == pytest.approx(np.mean(runs[1]))
     assert df.loc["TADM K=2"].sd == pytest.approx(np.sqrt(pool.var_runs))
     assert df.loc["Base"].sd == 1.0 and df.loc["TADM K=2"].runs == 3 and df.loc["Naive reuse K=2"].seeds == 4
-    md = table1.to_markdown(df.reset_index())
+    md = table1_render.to_markdown(df.reset_index())
     assert f"| {np.mean(runs[1]):.1f} ± {np.sqrt(pool.var_runs):.1f} (3 runs) |" in md
     assert "; 4 df)" in md and "TADM K=2 30.0, 25.0, 35.5" in md and "training seeds 0, 1, 2" in md
 
@@ -393,15 +393,15 @@ def test_runs_that_share_their_sampling_seeds_keep_their_whole_spread():
             run["seeds"] = list(range(len(run["seeds"])))
     rows = shared["tasks"]["arithmetic"]["methods"]
     arms = [table1.CONTROL, "TADM K=2"]
-    assert table1.shared_seeds(rows, arms) and not table1.shared_seeds(r["methods"], arms)
-    pool, _ = table1.between_run(rows)
+    assert table1_stats.shared_seeds(rows, arms) and not table1_stats.shared_seeds(r["methods"], arms)
+    pool, _ = table1_stats.between_run(rows)
     runs = [[x["accuracy"] for x in rows[a]["runs"]] for a in arms]
     assert pool.var_within == 0 and pool.var_between == pytest.approx(pooled_between(runs).var_runs)
     assert pool.var_between > own["var_between"]
-    d, se, df = table1.welch(runs[1], runs[0])
+    d, se, df = table1_stats.welch(runs[1], runs[0])
     assert d == pytest.approx(np.mean(runs[1]) - np.mean(runs[0]))
     assert se == pytest.approx(math.sqrt(np.var(runs[1], ddof=1) / 3 + np.var(runs[0], ddof=1) / 3))
-    assert 2 <= df <= 4 and table1.welch([1.0], runs[0]) is None
+    assert 2 <= df <= 4 and table1_stats.welch([1.0], runs[0]) is None
 
 
 def test_one_fusion_run_per_row_has_no_training_term():
@@ -419,5 +419,5 @@ def test_one_fusion_run_per_row_has_no_training_term():
 def test_within_run_var_is_the_sampling_variance_of_a_runs_mean():
     x = [[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]]  # 3 seeds x 4 examples
     s2 = np.var(np.asarray(x, float), axis=0, ddof=1)
-    assert table1.within_run_var(x) == pytest.approx(1e4 * s2.sum() / (16 * 3))
-    assert table1.within_run_var([[1, 0]]) is None  # one seed
+    assert table1_stats.within_run_var(x) == pytest.approx(1e4 * s2.sum() / (16 * 3))
+    assert table1_stats.within_run_var([[1, 0]]) is None  # one seed

@@ -97,6 +97,39 @@ def test_policies_are_pure_and_fixed_interval_is_exact():
         FixedInterval(0)
 
 
+@pytest.mark.parametrize("what, prefix", [("", ""), ("K", "K ")])
+def test_fixed_interval_parse_is_the_one_check_of_a_settable_refresh_every(what, prefix):
+    from tadm.errors import ConfigError
+
+    policy = FixedInterval.parse(4, "some.key", what)
+    assert isinstance(policy, FixedInterval) and policy.K == policy.max_age == 4
+    for bad in (0, -1, True, 1.5, "2", None):
+        with pytest.raises(ConfigError) as e:
+            FixedInterval.parse(bad, "some.key", what)
+        assert e.value.key == "some.key" and e.value.detail == f"{prefix}must be an integer >= 1, got {bad!r}"
+
+
+def test_the_refresh_every_setters_share_fixed_interval_parse():
+    """ASRD's backends, TADM:Post-train and the feature cache: one check, each naming its key."""
+    import types
+
+    from tadm.asrd.backends import Backend
+    from tadm.caches.diffusiongemma.feature import FeatureCacheDiffusionGemma
+    from tadm.errors import ConfigError
+    from tadm.posttrain.anchored import TimeAnchoredDiffusionGemma
+
+    for cls, message in [(Backend, "params.yaml: asrd.refresh_every: must be an integer >= 1, got 0"),
+                         (TimeAnchoredDiffusionGemma, "params.yaml: posttrain.refresh_every: K must be an integer >= 1, got 0"),
+                         (FeatureCacheDiffusionGemma, "params.yaml: posttrain.refresh_every: K_r (the feature cache's "
+                                                      "refresh interval) must be an integer >= 1, got 0")]:
+        obj = types.SimpleNamespace()
+        cls.refresh_every.fset(obj, 3)
+        assert repr(obj.refresh) == "FixedInterval(K=3)" and cls.refresh_every.fget(obj) == 3
+        with pytest.raises(ConfigError) as e:
+            cls.refresh_every.fset(obj, 0)
+        assert str(e.value) == message
+
+
 def test_budget_schedule_resolves_k_from_t(tadm):
     assert PAPER_REFRESH_SCHEDULE == {128: 2, 256: 2, 512: 2, 1024: 8, 2048: 4, 4096: 4}
     schedule = BudgetSchedule()

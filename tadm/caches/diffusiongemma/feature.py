@@ -223,9 +223,8 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
 
     @refresh_every.setter
     def refresh_every(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError("posttrain.refresh_every", f"K_r (the feature cache's refresh interval) must be an integer >= 1, got {k!r}")
-        self.refresh = FixedInterval(k)  # the features' refresh policy
+        # the features' refresh policy
+        self.refresh = FixedInterval.parse(k, "posttrain.refresh_every", "K_r (the feature cache's refresh interval)")
 
     @property
     def share(self) -> float:

@@ -29,8 +29,9 @@ Sweeps (`sweep_points`, `run_sweeps`): the anchor tokens cache's capacity
 masked model and both tasks, with the first seed on the first asrd.sweep_examples examples.
 
 Where it runs: the device and autocast of a `tadm.runtime.Dist` (``runtime.setup(p.runtime)``; the
-notebook overrides runtime.device / runtime.precision). With runtime.nproc > 1 ``run`` relaunches
-itself under torchrun (`tadm.experiments.worker`): the decoded batches of every (method, seed)
+notebook overrides runtime.device / runtime.precision). In several processes
+(`tadm.experiments.worker.processes`: runtime.nproc > 1, or on a CPU runtime.cpu_processes > 1)
+``run`` relaunches itself under torchrun (`tadm.experiments.worker`): the decoded batches of every (method, seed)
 are split over the processes (batch j by process j mod N; a batch's draws depend only on the
 seed), and the completions, per-example correctness, counters and decoding seconds are gathered
 in batch order, so accuracies, calls and remasks are those of one process.
@@ -55,7 +56,7 @@ from tadm.config import Params
 from tadm.errors import DataError
 from tadm.experiments import diffusiongemma
 from tadm.experiments.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Variant, _settings, backend_of, variants  # noqa: F401 - the comparison's names
-from tadm.experiments.table1 import speed_cell
+from tadm.experiments.table1_render import speed_cell
 from tadm.io import atomic_write_json
 
 SWEEPS = ("capacity", "window", "block_size")
@@ -169,7 +170,7 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
     from tadm.data.tokenizer import load_tokenizer
     from tadm.experiments import worker
 
-    if worker.needs_launch(p):
+    if worker.needs_launch(p, "asrd"):
         return worker.launch("asrd", p, {"root": str(root), "out": str(out or root / "results" / "asrd.json")})
     a = p.asrd
     d = dist or runtime.setup(p.runtime)

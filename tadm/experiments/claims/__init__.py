@@ -81,7 +81,7 @@ Every +- is computed on the difference itself and names what it covers:
   pass and timing.table1_blocks - 1 timing-only blocks), exp(mean of the blocks' log ratios) with
   se = sqrt(max(between-block, within-block variance) / B) on B - 1 degrees of freedom (inside a block: the median of paired
   per-round or per-batch ratios; `tadm.metrics.invocations`);
-- accuracy differences (Table 1's own estimator, `tadm.experiments.table1.accuracy_delta`): the
+- accuracy differences (Table 1's own estimator, `tadm.experiments.table1_stats.accuracy_delta`): the
   per-example difference of means over fusion runs and sampling seeds, bootstrapped over examples,
   plus the pooled between-run variance of the trained fusions' run-level accuracies for each
   trained side (each run's sampling variance subtracted only where the runs decoded with sampling

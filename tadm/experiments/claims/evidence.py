@@ -16,15 +16,21 @@ from tadm.experiments import throughput
 from tadm.experiments.claims.claim import CONTRADICTED, DIRECTION, EQUIVALENCE, INCONCLUSIVE, NON_INFERIORITY, Claim, Entry
 from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import Rules, exact, paper_position, usable
-from tadm.experiments.table1 import accuracy_delta, between_run, shared_seeds, welch
+from tadm.experiments.table1_stats import accuracy_delta, between_run, shared_seeds, welch
 from tadm.experiments.table2 import ROWS
 from tadm.metrics.replicates import Pooled, replicated_difference
 from tadm.sampling.anchor_cache import PAPER_REFRESH_SCHEDULE
 
 PAPER_L = 1024  # the paper's sequence length: its T = 1024 is L, T = 2048 is 2L
 
-# the trained checkpoint each Table 2 row samples from (Table 2's own rows)
-ROW_MODEL = {name: row.model for name, row in ROWS.items() if row.model is not None}
+
+def row_model(row: str) -> str:
+    """The trained checkpoint (a run of train.models) Table 2 row `row` samples from, read from
+    the rows when asked (a row registered later too); KeyError for the Data row or an unknown one."""
+    model = ROWS[row].model
+    if model is None:
+        raise KeyError(row)
+    return model
 
 
 def _short(row: str) -> str:
@@ -282,8 +288,8 @@ def table2_quality(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
     rows' checkpoints."""
     a_row, b_row = e.rows
     T = inp.budget(e.budget)
-    c.rests_on = tuple(sorted({ROW_MODEL[a_row], ROW_MODEL[b_row]}))
-    c.extra["separately_trained"] = ROW_MODEL[a_row] != ROW_MODEL[b_row]
+    c.rests_on = tuple(sorted({row_model(a_row), row_model(b_row)}))
+    c.extra["separately_trained"] = row_model(a_row) != row_model(b_row)
     c.extra["compared"] = {"rows": (a_row, b_row), "T": T, "metric": e.metric}  # what the preconditions check
     got = _replicated(inp, e.metric, a_row, b_row, T)
     if not got:
@@ -445,7 +451,7 @@ def _t1_merged(tasks: list[dict]) -> dict[str, dict]:
 
 def _t1_delta(tasks: list[dict], a: str, ref: str) -> tuple[float, float, Pooled | None, int, int]:
     """(accuracy a - ref in points, se, the pool, examples, fusion runs of a) over `tasks` together,
-    with Table 1's own estimator (`tadm.experiments.table1.between_run`, `accuracy_delta`)."""
+    with Table 1's own estimator (`tadm.experiments.table1_stats.between_run`, `accuracy_delta`)."""
     rows = _t1_merged(tasks)
     pool, _ = between_run(rows)
     delta, se = accuracy_delta(rows[a], rows[ref], pool)

@@ -65,7 +65,7 @@ def processes(params: Params, job: str) -> int:
     rt = params.runtime
     if rt.nproc > 1:
         return rt.nproc
-    if job in CPU_SPLIT_JOBS and rt.cpu_processes > 1 and runtime.resolve_device(rt.device).type == "cpu":
+    if job in CPU_SPLIT_JOBS and rt.cpu_processes > 1 and runtime.resolve_device(rt.device) == runtime.CPU:
         return rt.cpu_processes
     return 1
 

@@ -327,7 +327,7 @@ def cmd_claims(args) -> None:
 
 def cmd_count(args) -> None:
     """Parameter counts of every model at the active profile, built on the meta device
-    (nothing is allocated, no optimizer). Paper profile: TADM 224M + 38.85M anchor head."""
+    (nothing is allocated, no optimizer). Paper profile: TADM 224M + 38.85M training-only (its anchor LM head)."""
     import torch
 
     from tadm.models import build_model, count_parameters
@@ -338,10 +338,11 @@ def cmd_count(args) -> None:
     with torch.device("meta"):
         for kind in dict.fromkeys(unit.model.model_type for unit in METHODS.values()):
             m = build_model(kind, p.model, vocab, p.packing.seq_len)
-            if kind == "tadm":
-                head = count_parameters(m.anchor_head)
-                print(f"tadm: {count_parameters(m.inference_parameters()) / 1e6:.2f}M unique inference "
-                      f"parameters + {head / 1e6:.2f}M training-only anchor LM head")
+            inference = getattr(m, "inference_parameters", None)  # a model with training-only parts
+            if callable(inference):
+                used = count_parameters(inference())
+                print(f"{kind}: {used / 1e6:.2f}M unique inference parameters + "
+                      f"{(count_parameters(m) - used) / 1e6:.2f}M training-only parameters")
             else:
                 print(f"{kind}: {count_parameters(m) / 1e6:.2f}M parameters")
     from tadm.posttrain import fusion

@@ -484,6 +484,14 @@ def threads_per_job(jobs: int) -> int | None:
     return job_threads(jobs) if jobs > 1 else None
 
 
+def thread_env(env: dict[str, str], threads: int | None) -> dict[str, str]:
+    """`env` with OMP_NUM_THREADS / MKL_NUM_THREADS set to `threads` (a copy; unchanged when None)."""
+    env = dict(env)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
 def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print, poll: float = 0.5,
              after: dict[str, Sequence[str]] | None = None) -> dict[str, float]:
     """Run independent commands, `jobs` at a time, in the given order; each process gets
@@ -504,10 +512,7 @@ def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print
     unknown = sorted(set().union(*after.values()) - set(names)) if after else []
     if unknown:
         raise TadmError(f"run_jobs: after names {unknown}, which no command is called")
-    env = dict(os.environ)
-    threads = threads_per_job(jobs)
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = thread_env(dict(os.environ), threads_per_job(jobs))
     queue, running, seconds, failed = list(commands), {}, {}, []
 
     def ready() -> tuple[str, Sequence[str]] | None:

@@ -15,7 +15,7 @@ def test_count_at_the_paper_profile_prints_the_paper_numbers(tmp_path):
     assert _run("--params", str(params), "profile", "paper").returncode == 0
     out = _run("--params", str(params), "count")
     assert out.returncode == 0, out.stderr
-    assert "tadm: 224.01M unique inference parameters + 38.85M training-only anchor LM head" in out.stdout
+    assert "tadm: 224.01M unique inference parameters + 38.85M training-only parameters" in out.stdout
 
 
 def _default_params(tmp_path):

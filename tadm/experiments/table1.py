@@ -516,10 +516,6 @@ def run(p: Params, root: Path = Path("."), sft_dir: Path = Path("data/sft"), out
                     r["timed"] += timed
                 bar.update()
         bar.close()
-        if not all(runs[m.label]["timed"] for m in methods):
-            # more processes than batches (AIME's 30 problems in batches of 8 on 8 GPUs): this
-            # process drew none; the main process always holds the first batch and reports
-            continue
         rows = {}
         for m in methods:
             r = runs[m.label]

@@ -59,15 +59,22 @@ TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
 CPU_SPLIT_JOBS = ("table1", "table1_speed", "asrd")
 
 
-def processes(params: Params, job: str) -> int:
-    """How many processes `job` runs in: runtime.nproc when > 1; on a CPU, runtime.cpu_processes
-    for the jobs of :data:`CPU_SPLIT_JOBS`; else 1."""
+def plan(params: Params, job: str) -> tuple[int, int | None]:
+    """How `job` runs under `params`: (processes, intra-op threads of each). runtime.nproc > 1:
+    that many processes (one device each, threads inherited); on a CPU, runtime.cpu_processes
+    for the jobs of :data:`CPU_SPLIT_JOBS`, each with its share of the CPU's threads
+    (:func:`tadm.runtime.threads_per_job`); else one process."""
     rt = params.runtime
     if rt.nproc > 1:
-        return rt.nproc
+        return rt.nproc, None
     if job in CPU_SPLIT_JOBS and rt.cpu_processes > 1 and runtime.resolve_device(rt.device) == runtime.CPU:
-        return rt.cpu_processes
-    return 1
+        return rt.cpu_processes, runtime.threads_per_job(rt.cpu_processes)
+    return 1, None
+
+
+def processes(params: Params, job: str) -> int:
+    """How many processes `job` runs in (:func:`plan`)."""
+    return plan(params, job)[0]
 
 
 def needs_launch(params: Params, job: str) -> bool:
@@ -78,9 +85,7 @@ def needs_launch(params: Params, job: str) -> bool:
 def _env(threads: int | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-    if threads:  # each process's share of the CPU's threads
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    return env
+    return runtime.thread_env(env, threads)
 
 
 def launch(job: str, params: Params, args: dict[str, Any], log: Callable[[str], None] | None = None) -> Any:
@@ -94,12 +99,11 @@ def launch(job: str, params: Params, args: dict[str, Any], log: Callable[[str], 
         spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps({"job": job, "params": config.to_dict(params), "args": args,
                                     "result": str(result)}, indent=2))
-        n = processes(params, job)
+        n, threads = plan(params, job)
         argv = runtime.torchrun_argv(n, [MODULE, job, str(spec)])
         tail: collections.deque[str] = collections.deque(maxlen=30)
         cause = FailureCause()
-        on_cpu = params.runtime.nproc == 1  # the CPU split: each process one share of the threads
-        proc = subprocess.Popen(argv, env=_env(runtime.job_threads(n) if on_cpu else None), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen(argv, env=_env(threads), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)
         assert proc.stdout is not None
         for line in proc.stdout:

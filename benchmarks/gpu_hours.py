@@ -96,7 +96,7 @@ def estimates(p: config.Params) -> list[dict]:
             f = trajectory_flops(kind, m, V, L, 0, 1) * s.num_samples  # sampled once for every budget
         rows.append({"table": "Table 2", "work": f"sample {row} ({s.num_samples} x T {s.steps})", "kind": "sample", "flops": f})
     # each training replicate's draws of the rows the findings compare, at their budgets
-    budgets = [(T, s.refresh_for(T)) for T in s.replicate_steps]
+    budgets = [(T, s.refresh_every(T)) for T in s.replicate_steps]
     for row in (s.replicate_rows if extra > 0 else []):
         f = sum(trajectory_flops(TABLE2_ROWS[row], m, V, L, T, K) for T, K in budgets) * s.num_samples * extra
         rows.append({"table": "Table 2", "work": f"sample {row}: {extra} replicates x {s.num_samples} x T {s.replicate_steps}",

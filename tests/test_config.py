@@ -39,7 +39,7 @@ def test_paper_profile_carries_the_paper_settings():
     assert p.train.betas == [0.9, 0.999] and p.train.weight_decay == 0.0 and p.train.grad_clip == 1.0
     # every Table 2 budget T = 128 ... 4096 with its K = {2,2,2,8,4,4}
     assert p.sample.steps == [128, 256, 512, 1024, 2048, 4096] and p.sample.num_samples == 5000
-    assert [p.sample.refresh_for(T) for T in p.sample.steps] == [2, 2, 2, 8, 4, 4]
+    assert [p.sample.refresh_every(T) for T in p.sample.steps] == [2, 2, 2, 8, 4, 4]
     assert (p.posttrain.shared_layers, p.posttrain.anchor_layers, p.posttrain.denoiser_layers) == (2, 20, 8)
     pt = p.posttrain
     assert (pt.fusion_rank, pt.gate_bias_init, pt.steps, pt.batch_size) == (256, -3.0, 18_750, 1)
@@ -185,6 +185,6 @@ def test_switch_profile_writes_params(tmp_path):
 
 def test_a_budget_is_looked_up_by_its_T():
     s = config.from_dict(config.render_profile("default")).sample
-    assert s.steps == [64, 128] and [s.refresh_for(T) for T in s.steps] == [8, 4]
+    assert s.steps == [64, 128] and [s.refresh_every(T) for T in s.steps] == [8, 4]
     with pytest.raises(ConfigError, match=r"sample.budgets: no budget with T = 96 \(budgets: T=64 K=8, T=128 K=4\)"):
-        s.refresh_for(96)
+        s.refresh_every(96)

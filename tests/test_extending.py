@@ -60,7 +60,7 @@ def test_a_sampler(unregister_eager, default_load):
 def test_a_sampling_budget(default_load):
     namespace: dict = {}
     exec(compile(section_code("A sampling budget"), str(PAGE), "exec"), namespace)
-    assert namespace["params"].sample.refresh_for(128) == 4
+    assert namespace["params"].sample.refresh_every(128) == 4
 
 
 @pytest.fixture

@@ -152,15 +152,18 @@ NOTEBOOK_OUTPUTS = [  # (notebook, parameter, what it names)
 
 
 def _checks_of(name: str) -> tuple[str, str]:
-    """The notebook's parameters cell, and its first code cell up to and including its
-    check_output_paths(...) statement (the imports and one_line_errors before it)."""
+    """The notebook's parameters cell, and its first code cell up to and including its last
+    output check (``check_output_paths(...)`` / ``notebook.check_outputs(...)``; the imports and
+    one_line_errors before it)."""
+    import ast
+
     cells = [c for c in json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())["cells"] if c["cell_type"] == "code"]
     params = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
-    lines = cells[cells.index(params) + 1]["source"]
-    start = next((i for i, line in enumerate(lines) if line.startswith("check_output_paths(")), None)
-    assert start is not None, f"notebooks/{name}.ipynb checks no output parameter before its work"
-    end = next(i for i in range(start, len(lines)) if "notebook.SOURCE)" in lines[i])
-    return "".join(params["source"]), "".join(lines[:end + 1])
+    source = "".join(cells[cells.index(params) + 1]["source"])
+    checks = [node for node in ast.parse(source).body if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+              and ast.unparse(node.value.func) in ("check_output_paths", "notebook.check_outputs")]
+    assert checks, f"notebooks/{name}.ipynb checks no output parameter before its work"
+    return "".join(params["source"]), "".join(source.splitlines(keepends=True)[:checks[-1].end_lineno])
 
 
 @pytest.mark.parametrize("name,parameter,kind", NOTEBOOK_OUTPUTS, ids=[f"{n} {p}" for n, p, _ in NOTEBOOK_OUTPUTS])

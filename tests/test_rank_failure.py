@@ -1,6 +1,6 @@
 """A process of a process group that fails ends the job (tadm.runtime: the group's timeout,
 exit_on_rank_error, finish): two gloo processes on the CPU run the worker entry point
-(`tadm.experiments.worker.main`, which joins the group through `runtime.setup`) as torchrun
+(`tadm.experiments.jobs.main`, which joins the group through `runtime.setup`) as torchrun
 would start them; rank 1 raises mid-job while rank 0 waits in a barrier for it."""
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ FAILURE = "rank-failure test: rank 1 fails mid-job"
 # one process of the job: the test's jobs registered, then the worker's entry point as torchrun runs it
 _RANK_SCRIPT = """
 import sys
-from tadm.experiments import worker
-worker.JOBS.update(fail="tests.test_rank_failure:failing_job", ok="tests.test_rank_failure:passing_job")
-sys.exit(worker.main(sys.argv[1:]))
+from tadm.experiments import jobs
+from tests.test_rank_failure import failing_job, passing_job
+jobs.JOBS.update(fail=failing_job, ok=passing_job)
+sys.exit(jobs.main(sys.argv[1:]))
 """
 
 

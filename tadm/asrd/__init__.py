@@ -58,12 +58,12 @@ Details the paper leaves open, and what we chose:
 
 from tadm.asrd.atc import AnchorTokensCache
 from tadm.asrd.backends import Backend, DecodeCounters, DiffusionGemmaBackend, MaskedBackend
-from tadm.asrd.decode import METHODS, DecodeResult, DecodeSettings, StepRecord, decode
+from tadm.asrd.decode import DECODE_RULES, DecodeResult, DecodeSettings, StepRecord, decode
 from tadm.asrd.guidance import anchor_centroid, guidance_signal
 from tadm.asrd.verify import orthogonal_perturbation, survivors
 
 __all__ = [
-    "AnchorTokensCache", "Backend", "DecodeCounters", "DiffusionGemmaBackend", "MaskedBackend", "METHODS",
+    "AnchorTokensCache", "Backend", "DecodeCounters", "DiffusionGemmaBackend", "MaskedBackend", "DECODE_RULES",
     "DecodeResult", "DecodeSettings", "StepRecord", "decode", "anchor_centroid", "guidance_signal",
     "orthogonal_perturbation", "survivors",
 ]

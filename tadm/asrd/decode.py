@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -71,13 +72,14 @@ from tadm.asrd.verify import orthogonal_perturbation, survivors
 from tadm.errors import ConfigError
 from tadm.sampling.remdm import LoopSchedule, remdm_unmask, sigma_max
 
-METHODS = ("plain", "remdm", "low-confidence", "asrd")
-Method = Literal["plain", "remdm", "low-confidence", "asrd"]
+# how a step chooses which tokens to unmask and which to remask (DecodeSettings.method)
+DecodeRule = Literal["plain", "remdm", "low-confidence", "asrd"]
+DECODE_RULES: tuple[str, ...] = typing.get_args(DecodeRule)
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    method: Method = "low-confidence"
+    method: DecodeRule = "low-confidence"
     steps: int = 32  # over the whole region, divided evenly over its blocks
     block_size: int | None = None  # None: one block
     temperature: float = 0.0  # 0: argmax
@@ -98,7 +100,7 @@ class DecodeSettings:
 
     def __post_init__(self) -> None:
         checks = [
-            ("method", self.method in METHODS, f"one of {', '.join(METHODS)}"),
+            ("method", self.method in DECODE_RULES, f"one of {', '.join(DECODE_RULES)}"),
             ("steps", isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps >= 1, "an integer >= 1"),
             ("block_size", self.block_size is None or self.block_size >= 1, "None or >= 1"),
             ("temperature", self.temperature >= 0.0, ">= 0"),

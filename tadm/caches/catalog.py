@@ -3,9 +3,9 @@
 `tadm.registry.LLADA_CACHES` (LLaDA: the values of asrd.llada_cache_methods, the LLaDA group's
 cache rows of the ASRD table).
 
-An entry names its builder as ``"module:function"``, imported on the first build, so that
-checking a params file imports neither torch nor transformers; a unit defined elsewhere (a test,
-an extension) may give the function itself. Registering is the whole of adding a method: the
+An entry's builder is a function of this module that imports its cache's module when it first
+builds (a function-level import), so that checking a params file imports neither torch nor
+transformers; a unit defined elsewhere (a test, an extension) gives its own function. Registering is the whole of adding a method: the
 params check, Table 1's rows and families, the frontier's legend and the LLaDA group's rows all
 read the registries.
 """
@@ -13,20 +13,11 @@ read the registries.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Any, Callable
 
 from tadm.caches import budget
 from tadm.errors import ConfigError
 from tadm.registry import DG_CACHES, LLADA_CACHES
-
-
-def resolve(builder: Callable | str) -> Callable:
-    """`builder` itself, or the function a ``"module:function"`` path names (imported now)."""
-    if callable(builder):
-        return builder
-    module, _, name = builder.partition(":")
-    return getattr(import_module(module), name)
 
 
 # ----------------------------------------------------------------------------- DiffusionGemma
@@ -56,14 +47,14 @@ class CacheMethod:
 
     name: str
     label: str
-    builder: Callable | str
+    builder: Callable
     legend: str
     marker: str = "x"
     layer_calls: Callable = tadm_calls
     description: str = ""
 
     def build(self, base, p, refresh_every: int = 1):
-        return resolve(self.builder)(base, p, refresh_every)
+        return self.builder(base, p, refresh_every)
 
 
 def add_dg_cache(unit: CacheMethod) -> CacheMethod:
@@ -72,12 +63,23 @@ def add_dg_cache(unit: CacheMethod) -> CacheMethod:
     return unit
 
 
+# the builders import their cache's module (torch, transformers) on the first build, not when params are checked
+def _naive_model(base, p, refresh_every: int):
+    from tadm.caches.diffusiongemma.naive import naive_model
+    return naive_model(base, p, refresh_every)
+
+
+def _feature_model(base, p, refresh_every: int):
+    from tadm.caches.diffusiongemma.feature import feature_model
+    return feature_model(base, p, refresh_every)
+
+
 add_dg_cache(CacheMethod(
-    "naive", "Naive reuse", "tadm.caches.diffusiongemma.naive:naive_model", "Naive reuse (fusion bypassed)", "v",
+    "naive", "Naive reuse", _naive_model, "Naive reuse (fusion bypassed)", "v",
     description="is TADM's split with the fusion bypassed (h = H0); since the denoiser reads only h, a reuse step "
                 "returns its refresh step's logits, so the row reuses the model's output K - 1 times."))
 add_dg_cache(CacheMethod(
-    "feature", "Feature cache", "tadm.caches.diffusiongemma.feature:feature_model", "Feature cache (dLLM-Cache style)",
+    "feature", "Feature cache", _feature_model, "Feature cache (dLLM-Cache style)",
     "^", feature_calls,
     description="is dLLM-Cache's V-verify cache: every K steps all layers are recomputed; in between, layer 0 runs "
                 "whole and every deeper layer recomputes only the canvas rows whose V moved most, at the share that "
@@ -122,11 +124,11 @@ class LladaCache:
     (`released`: an asrd.llada_dllm_cache entry, or None)."""
 
     name: str
-    builder: Callable | str
+    builder: Callable
     rows: Callable
 
     def build(self, model, spec: CacheSpec):
-        return resolve(self.builder)(model, spec)
+        return self.builder(model, spec)
 
 
 def add_llada_cache(unit: LladaCache) -> LladaCache:
@@ -158,10 +160,29 @@ def _naive_rows(ks, released) -> list[tuple[str, CacheSpec]]:
     return [(f"Naive reuse K={k}", CacheSpec("naive", k)) for k in ks]
 
 
-add_llada_cache(LladaCache("prefix", "tadm.caches.llada.prefix:prefix_backend", _prefix_rows))
-add_llada_cache(LladaCache("dual", "tadm.caches.llada.prefix:dual_backend", _dual_rows))
-add_llada_cache(LladaCache("feature", "tadm.caches.llada.feature:feature_backend", _feature_rows))
-add_llada_cache(LladaCache("naive", "tadm.caches.llada.naive:naive_backend", _naive_rows))
+def _prefix_backend(model, spec: CacheSpec):
+    from tadm.caches.llada.prefix import prefix_backend
+    return prefix_backend(model, spec)
 
-__all__ = ["CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls", "resolve",
-           "tadm_calls"]
+
+def _dual_backend(model, spec: CacheSpec):
+    from tadm.caches.llada.prefix import dual_backend
+    return dual_backend(model, spec)
+
+
+def _feature_backend(model, spec: CacheSpec):
+    from tadm.caches.llada.feature import feature_backend
+    return feature_backend(model, spec)
+
+
+def _naive_backend(model, spec: CacheSpec):
+    from tadm.caches.llada.naive import naive_backend
+    return naive_backend(model, spec)
+
+
+add_llada_cache(LladaCache("prefix", _prefix_backend, _prefix_rows))
+add_llada_cache(LladaCache("dual", _dual_backend, _dual_rows))
+add_llada_cache(LladaCache("feature", _feature_backend, _feature_rows))
+add_llada_cache(LladaCache("naive", _naive_backend, _naive_rows))
+
+__all__ = ["CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls", "tadm_calls"]

@@ -13,6 +13,11 @@ anything runs: nothing is truncated (``int(2.7)``), nothing iterated character b
     T = notebook.parameter("T", T, "sample.replicate_steps", entry=True)   # as one entry of that list
     p = notebook.apply(p, {"sample.batch_size": ("batch_size", batch_size)})
 
+A notebook's output paths default under ``scratch/`` and :func:`check_outputs` refuses one that
+is, holds or lies inside an output of the pipeline (``dvc.yaml`` in the working directory), unless
+the notebook runs as a ``dvc repro`` stage (DVC sets ``DVC_STAGE``): a notebook run by hand never
+writes over what ``dvc repro`` made.
+
 A notebook's ``profile`` parameter (None: the params file's) is honoured only as a check: a
 params file of another profile is refused, never run under the profile's name.
 
@@ -24,6 +29,8 @@ papermill) then prints that line and exits 2.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import os
 import re
 import typing
 from pathlib import Path
@@ -112,6 +119,68 @@ def load(params_file: str | Path, profile: Optional[str] = None) -> Params:
                           f"runs the params file it is given: render that profile first (python -m tadm profile "
                           f"{profile}) or pass -p params_file of it", SOURCE)
     return p
+
+
+PIPELINE_FILE = "dvc.yaml"
+STAGE_ENV = "DVC_STAGE"  # set by dvc for the command of every stage it runs
+
+
+def pipeline_outputs(root: str | Path = ".") -> dict[str, str]:
+    """Every output path (outs, metrics, plots) of the pipeline in `root`/dvc.yaml, mapped to its
+    stage; a ``foreach`` stage's ``${...}`` is a wildcard. No dvc.yaml: no outputs."""
+    import yaml
+
+    f = Path(root) / PIPELINE_FILE
+    if not f.is_file():
+        return {}
+    outs: dict[str, str] = {}
+    for name, stage in (yaml.safe_load(f.read_text()) or {}).get("stages", {}).items():
+        body = stage.get("do", stage)
+        for kind in ("outs", "metrics", "plots"):
+            for entry in body.get(kind) or []:
+                path = next(iter(entry)) if isinstance(entry, dict) else entry
+                outs[re.sub(r"\$\{[^}]*\}", "*", str(path))] = name
+    return outs
+
+
+def _overlaps(parts: tuple[str, ...], pattern: str, kind: str) -> bool:
+    """True when the path `parts` is the output `pattern`, lies inside it, or (a folder) holds it."""
+    out = Path(pattern).parts
+    if kind == "file" and len(parts) < len(out):
+        return False
+    n = min(len(parts), len(out))
+    return all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts[:n], out[:n]))
+
+
+def check_outputs(paths: dict[str, tuple[Any, str]], root: str | Path = ".") -> None:
+    """A notebook's output paths, ``{parameter: (path or None, "file" | "dir")}``, before any work:
+    :func:`tadm.io.check_output_paths` (nothing written over what is there), then each refused
+    in one line when it is, holds or lies inside an output of the pipeline in `root`, unless this
+    run is a stage of ``dvc repro`` itself."""
+    from tadm.io import check_output_paths
+
+    check_output_paths(paths, SOURCE)
+    _check_pipeline(paths, root)
+
+
+def _check_pipeline(paths: dict[str, tuple[Any, str]], root: str | Path = ".") -> None:
+    """The pipeline half of :func:`check_outputs`."""
+    if os.environ.get(STAGE_ENV):
+        return
+    outs = pipeline_outputs(root)
+    base = Path(root).resolve()
+    for name, (value, kind) in paths.items():
+        if value is None:
+            continue
+        try:
+            parts = Path(value).resolve().relative_to(base).parts
+        except ValueError:  # outside the project: not the pipeline's
+            continue
+        for pattern, stage in outs.items():
+            if _overlaps(parts, pattern, kind):
+                raise ConfigError(name, f"{str(value)!r} would write over the pipeline's output {pattern} "
+                                  f"(dvc.yaml stage {stage}); pass a path outside the pipeline's outputs "
+                                  f"(the default is under scratch/)", SOURCE)
 
 
 def one_line_errors() -> None:

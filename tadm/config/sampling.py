@@ -23,7 +23,7 @@ class Budget:
 class SampleConfig:
     """Unconditional sampling for Table 2 (paper: L = 1024, T in {2048, 4096}).
 
-    `budgets` is the one home of (T, K): `steps` lists their T, `refresh_for(T)` looks up K."""
+    `budgets` is the one home of (T, K): `steps` lists their T, `refresh_every(T)` looks up K."""
 
     budgets: list[Budget] = spec([Budget(2048, 4), Budget(4096, 4)], nonempty=True)
     sweep_refresh: list[int] = spec([1, 2, 3, 4, 5, 6, 7, 8], nonempty=True, unique=True, ge=1)
@@ -66,7 +66,7 @@ class SampleConfig:
         """T of every budget, in the params file's order."""
         return [b.T for b in self.budgets]
 
-    def refresh_for(self, T: int) -> int:
+    def refresh_every(self, T: int) -> int:
         """K of the budget with T reverse steps (a one-line ConfigError naming sample.budgets if none)."""
         for b in self.budgets:
             if b.T == T:

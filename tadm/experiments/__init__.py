@@ -11,6 +11,7 @@
     table1_render       its table, notes and metrics from results/table1.json
     frontier    Table 1's accuracy-speed frontier figure
     asrd        the ASRD comparison (runners, sweeps, tables; on LLaDA with its cache rows)
-    worker      `python -m tadm.experiments.worker`: the torchrun entry point of runs in several
-                processes (Table 2 rows, the sweep, Table 1, the ASRD comparison)
+    worker      runs in several processes (Table 2 rows, the sweep, Table 1, the ASRD
+                comparison): how many, and their torchrun launch
+    jobs        `python -m tadm.experiments.jobs`: the program of each of those processes
 """

@@ -14,7 +14,6 @@ grouped matmuls, torch's and transformers' fallback (`FlopCount`, `count_flops`)
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
 from typing import Callable
@@ -59,7 +58,7 @@ def _transformers_grouped_mm() -> dict:
     run where torch's kernel cannot: under torch.compile below bf16, CUDA before compute
     capability 8.0, CPU weights on torch <= 2.10 that are not 16-byte aligned (memory-mapped
     safetensors). A dispatch mode sees it as one op, not its mms; {} where it is not registered."""
-    importlib.import_module("transformers.integrations.moe")  # registers the op
+    import transformers.integrations.moe  # noqa: F401  (importing it registers the op; transformers loads lazily)
     op = getattr(torch.ops.transformers, "grouped_mm_fallback", None)
     return {op: _grouped_mm_flops} if op is not None else {}
 

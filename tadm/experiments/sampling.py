@@ -70,13 +70,15 @@ class SampleRun:
     ddpm_cache: bool = False
     bypass_fusion: bool = False  # TADM: the fusion ablation, D(h) every step (TADMAdapter)
 
-    def refresh_for(self, params: Params, steps: int) -> RefreshPolicy:
+    def policy(self, params: Params, steps: int) -> RefreshPolicy:
+        """The refresh policy this run samples with at `steps` reverse steps: the adaptive one, an
+        explicit K, or the budget's K (``sample.budgets``)."""
         if self.adaptive is not None:
             return AdaptiveDrift(self.adaptive)
         if self.K is not None:
             return FixedInterval(self.K)
         try:
-            return FixedInterval(params.sample.refresh_for(steps))
+            return FixedInterval(params.sample.refresh_every(steps))
         except ConfigError as e:
             raise DataError(f"{e.key}: {e.detail}: give K explicitly") from None
 
@@ -192,7 +194,7 @@ def draw_samples(run: SampleRun, params: Params, steps: int, *, bos_id: int, num
                 return sample_ar(model, sizes[i], seq_len, bos_id=bos_id, nucleus_p=cfg.nucleus_p, seed=seeds[i],
                                  batch_size=sizes[i], autocast=autocast)
         else:
-            refresh = run.refresh_for(params, steps) if unit.refreshes else None
+            refresh = run.policy(params, steps) if unit.refreshes else None
             policy = repr(refresh) if refresh is not None else None
             settings = sampler_settings(run, params, steps, autocast)
             adapter = stack.enter_context(make_adapter(model, refresh, bypass_fusion=run.bypass_fusion))
@@ -252,7 +254,7 @@ def reusable_samples(run: SampleRun, params: Params, steps: int, saved_dir: str 
     cfg = params.sample
     # the cheap fields first: most saved draws differ in T or the policy, and are never loaded
     want = {"row": run.name, "model_dir": str(run.model_dir), "T": steps,
-            "policy": repr(run.refresh_for(params, steps)) if method_for(record["model_type"]).refreshes else None,
+            "policy": repr(run.policy(params, steps)) if method_for(record["model_type"]).refreshes else None,
             "settings": sampler_settings(run, params, steps, network_autocast(d)).as_dict(),
             "num_samples": cfg.num_samples,
             "batch_seeds": [batch_seed(params.seed, i) for i in range(len(batch_sizes(cfg.num_samples, cfg.batch_size)))],

@@ -30,7 +30,7 @@ even on a CPU with native bf16 (`Scorer.autocast`); when it is also the featuriz
 gives Gen PPL and the MAUVE features (`gen_ppl_and_features`). The reference features are
 computed once and cached under eval.cache_dir (`Scorer.reference_cache_path`), so every row and
 the sweep reuse them. With runtime.nproc > 1, `run_row` / `run_sweep` relaunch themselves as
-`python -m torch.distributed.run ... -m tadm.experiments.worker` (`tadm.experiments.worker`):
+`python -m torch.distributed.run ... -m tadm.experiments.jobs` (`tadm.experiments.worker.launch`):
 sampling batches and scoring batches are split over the processes, which give the same samples
 and scores as one process (`tadm.experiments.sampling`, `tadm.metrics.shards`).
 """

@@ -9,7 +9,7 @@ against each other instead.
 What is timed. Every row of `ROWS` that samples (``model`` not None: not Data), with the sampler,
 model directory (``models/<row.model>``), refresh policy, fusion setting, device, autocast and
 weight cast of its row stage (`tadm.experiments.sampling`: `prepare_model`, `sampler_settings`,
-`SampleRun.refresh_for`, `make_adapter`), at every budget (T, K) of ``sample.budgets``, on a batch of ``sample.throughput_batch`` sequences (0: the row
+`SampleRun.policy`, `make_adapter`), at every budget (T, K) of ``sample.budgets``, on a batch of ``sample.throughput_batch`` sequences (0: the row
 stages' ``sample.batch_size``, 64 in the default profile) seeded like the row stage's first batch
 (batch seed 0 = ``seed``). A whole draw per row, budget and round would cost minutes per round at
 that batch, so a round times a *window* of every diffusion row's trajectory instead:
@@ -250,7 +250,7 @@ def prepare(name: str, spec: sampling.SampleRun, model, params: Params, d: runti
         info.update(sampler="ar", timed="draw", start_step=None, steps_timed=L - 1, trajectory_steps=L - 1, scale=1.0,
                     start_sha256=None, masked_at_start=None)
         return Timed(name, draw, info)
-    refresh = spec.refresh_for(params, T) if unit.refreshes else None
+    refresh = spec.policy(params, T) if unit.refreshes else None
     settings = dataclasses.replace(sampling.sampler_settings(spec, params, T, autocast), seed=seed, batch_size=batch)
     s = int(start)
     with make_adapter(model, refresh, bypass_fusion=spec.bypass_fusion) as adapter:
@@ -480,7 +480,7 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
             models[spec.model_dir] = sampling.prepare_model(
                 sampling.load_pretrained(spec.model_dir, map_location=d.device), params, d)
     setup = time.perf_counter() - t0
-    refresh = {T: cfg.refresh_for(T) for T in budgets}
+    refresh = {T: cfg.refresh_every(T) for T in budgets}
     sections = [(batch, cfg.throughput_rounds)] + ([(1, cfg.throughput_batch1_rounds)] if cfg.throughput_batch1_rounds
                                                    else [])
     timed = {}

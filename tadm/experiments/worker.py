@@ -1,11 +1,11 @@
-"""Multi-process runs of the experiments: ``python -m tadm.experiments.worker <job> <spec.json>``.
+"""Multi-process runs of the experiments: :func:`launch` starts ``python -m tadm.experiments.jobs <job> <spec.json>``.
 
 The notebooks run in one kernel process. When a job runs in several processes (:func:`processes`:
 ``runtime.nproc`` > 1, or on a CPU ``runtime.cpu_processes`` > 1 for Table 1 and ASRD), the notebook-level
 functions (`table2.run_row`, `table2.run_sweep`, `tadm.experiments.table1.run`,
 `tadm.experiments.asrd.compare.run`) call :func:`launch`, which writes a spec file and runs
 
-    python -m torch.distributed.run --standalone --nproc_per_node=N -m tadm.experiments.worker <job> <spec.json>
+    python -m torch.distributed.run --standalone --nproc_per_node=N -m tadm.experiments.jobs <job> <spec.json>
 
 (`runtime.torchrun_argv`). Every worker process joins the process group (`runtime.setup`: one
 GPU per process, nccl; gloo on the CPU), runs the same function with its `Dist`, which splits
@@ -35,7 +35,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -43,9 +42,8 @@ from typing import Any, Callable
 from tadm import config, runtime
 from tadm.config import Params
 from tadm.errors import TadmError
-from tadm.io import atomic_write_text
 
-MODULE = "tadm.experiments.worker"
+MODULE = "tadm.experiments.jobs"  # the program every process runs (its job functions imported there)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # torchrun's variables: a launch from inside a torchrun process must not inherit them
 TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
@@ -57,6 +55,9 @@ TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
 # jobs whose prompt batches split over runtime.cpu_processes on a CPU (each process one share of the
 # CPU's threads); the others run in one process there
 CPU_SPLIT_JOBS = ("table1", "table1_speed", "asrd")
+# the jobs `tadm.experiments.jobs` runs (that module imports the job functions; the modules that
+# launch jobs import this one, so this one cannot import them; a test holds the two lists equal)
+JOB_NAMES = ("row", "sweep", "table1", "table1_speed", "asrd")
 
 
 def plan(params: Params, job: str) -> tuple[int, int | None]:
@@ -92,8 +93,8 @@ def launch(job: str, params: Params, args: dict[str, Any], log: Callable[[str], 
     """Run `job` under torchrun with :func:`processes` processes, wait, and return what its
     main process returned (a JSON value). The workers' output is echoed line by line (into the
     notebook when called from one); a failed run is a TadmError with its last lines."""
-    if job not in JOBS:
-        raise TadmError(f"unknown worker job {job!r}; known: {', '.join(JOBS)}")
+    if job not in JOB_NAMES:
+        raise TadmError(f"unknown worker job {job!r}; known: {', '.join(JOB_NAMES)}")
     echo = log or (lambda line: print(line, end="", flush=True))
     with tempfile.TemporaryDirectory(prefix="tadm-worker-") as tmp:
         spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
@@ -147,50 +148,5 @@ class FailureCause:
             self.line = line.removeprefix("error: ").strip()
 
 
-# ----------------------------------------------------------------------------- the jobs
-
-
-# Each job by name -> "module:function", the function (params, Dist, args) -> a JSON value. Resolved
-# only when a worker runs it: the modules that launch jobs import this one, never the reverse.
-JOBS: dict[str, str] = {"row": "tadm.experiments.table2:row_job", "sweep": "tadm.experiments.table2:sweep_job",
-                        "table1": "tadm.experiments.table1:worker_job",
-                        "table1_speed": "tadm.experiments.table1:speed_job",
-                        "asrd": "tadm.experiments.asrd.compare:worker_job"}
-
-
-def job_function(job: str) -> Callable[[Params, runtime.Dist, dict], Any]:
-    """The function registered for `job` (imported now)."""
-    import importlib
-
-    module, name = JOBS[job].split(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def optional_path(value) -> Path | None:
     return None if value is None else Path(value)
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] not in JOBS:
-        print(f"usage: python -m {MODULE} {{{','.join(JOBS)}}} SPEC.json   (normally under torchrun; see the "
-              "module docstring)", file=sys.stderr)
-        return 2
-    job, spec_path = argv
-    spec = json.loads(Path(spec_path).read_text())
-    p = config.from_dict(spec["params"], source=spec_path)
-    d = runtime.setup(p.runtime)
-    with runtime.exit_on_rank_error():  # a failed process ends at once, entering no collective
-        result = job_function(job)(p, d, spec["args"])
-        if d.main and spec.get("result"):  # key order kept: the tables list rows in the result's order
-            atomic_write_text(spec["result"], json.dumps(result, ensure_ascii=False))
-        runtime.finish(d)
-    return 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except TadmError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)

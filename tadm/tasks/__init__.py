@@ -11,27 +11,8 @@ the model side is a ``generate(prompts: list[str]) -> list[str]`` function suppl
 * :mod:`~tadm.tasks.sandbox` -- runs generated code as an unprivileged uid in its own namespaces
   (mount, PID, network), with a read-only file-system view and rlimits; refuses where it cannot.
 
-``BENCHMARKS`` maps each benchmark name to the module that implements it; modules are imported
-on first use, and none imports ``datasets`` until a hub source is asked for.
+:mod:`~tadm.tasks.suite` builds each benchmark's prompts and scorer by name (``build_task``); no
+module imports ``datasets`` until a hub source is asked for.
 """
 
 from __future__ import annotations
-
-import importlib
-from types import ModuleType
-
-BENCHMARKS = {
-    "gsm8k": "tadm.tasks.gsm8k",
-    "mmlu_pro": "tadm.tasks.multiple_choice",
-    "gpqa_diamond": "tadm.tasks.multiple_choice",
-    "aime": "tadm.tasks.aime",
-    "humaneval": "tadm.tasks.humaneval",
-    "livecodebench": "tadm.tasks.livecodebench",
-}
-
-
-def benchmark_module(name: str) -> ModuleType:
-    """The module implementing benchmark `name` (a key of BENCHMARKS)."""
-    if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
-    return importlib.import_module(BENCHMARKS[name])

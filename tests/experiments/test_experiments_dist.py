@@ -12,7 +12,7 @@ import pytest
 
 from tadm import config
 from tadm.data.tokenizer import load_tokenizer
-from tadm.experiments import table2, worker
+from tadm.experiments import jobs, table2, worker
 from tests.experiments.conftest import posttrain_raw, table2_raw
 
 pytestmark = pytest.mark.slow
@@ -62,12 +62,12 @@ def test_how_many_processes_each_job_runs_in(monkeypatch):
     def procs(job, **keys):
         return worker.processes(config.from_dict(posttrain_raw(**keys)), job)
 
-    assert [procs(j, **{"runtime.nproc": 4, "runtime.cpu_processes": 2}) for j in worker.JOBS] == [4] * len(worker.JOBS)
-    split = {j: procs(j, **{"runtime.cpu_processes": 2}) for j in worker.JOBS}
+    assert [procs(j, **{"runtime.nproc": 4, "runtime.cpu_processes": 2}) for j in jobs.JOBS] == [4] * len(jobs.JOBS)
+    split = {j: procs(j, **{"runtime.cpu_processes": 2}) for j in jobs.JOBS}
     assert split == {"row": 1, "sweep": 1, "table1": 2, "table1_speed": 2, "asrd": 2}
-    assert all(procs(j) == 1 for j in worker.JOBS)  # cpu_processes 1
+    assert all(procs(j) == 1 for j in jobs.JOBS)  # cpu_processes 1
     monkeypatch.setattr(runtime, "resolve_device", lambda setting="auto": torch.device("cuda", 0))
-    assert all(procs(j, **{"runtime.cpu_processes": 2}) == 1 for j in worker.JOBS)
+    assert all(procs(j, **{"runtime.cpu_processes": 2}) == 1 for j in jobs.JOBS)
 
 
 @pytest.mark.parametrize("keys", [{"runtime.nproc": 2}, {"runtime.cpu_processes": 2}], ids=["nproc", "cpu_processes"])
@@ -161,3 +161,9 @@ def test_failure_cause_reads_a_traceback_or_an_error_line():
     c = worker.FailureCause()
     c.read("error: data/sft: no manifest.json\n")
     assert c.line == "data/sft: no manifest.json" and not c.traceback
+
+
+def test_the_launcher_knows_every_job_the_entry_point_runs():
+    """worker.JOB_NAMES (what launch accepts) and jobs.JOBS (what the processes run) are one list."""
+    assert worker.JOB_NAMES == tuple(jobs.JOBS)
+    assert set(worker.CPU_SPLIT_JOBS) <= set(jobs.JOBS)

@@ -43,7 +43,7 @@ def test_each_batch_is_its_own_run_seeded_with_seed_and_index(table2_workspace, 
     model = load_pretrained(run.model_dir)
     settings = SamplerSettings.from_config(params.sample, steps=8, seed=params.seed, ddpm_cache=False,
                                            sampler="remdm-loop")
-    refresh = run.refresh_for(params, 8)
+    refresh = run.policy(params, 8)
     for i in range(3):
         with make_adapter(model, refresh) as adapter:
             alone = sample(adapter, dataclasses.replace(settings, seed=batch_seed(params.seed, i)), num_samples=2,
@@ -96,7 +96,7 @@ def test_a_saved_draw_is_reused_only_when_it_is_exactly_this_run(table2_workspac
     scorer = table2.Scorer(params, tok, micro_packed, dist=runtime.Dist())
     first = table2.run_row("tadm", params, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "t2",
                            steps=[8])
-    K = params.sample.refresh_for(8)
+    K = params.sample.refresh_every(8)
     drawn = []
     monkeypatch.setattr(table2, "draw_samples", lambda *a, **k: drawn.append(k) or draw_samples(*a, **k))
     again = table2.run_row("tadm", params, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "sweep",

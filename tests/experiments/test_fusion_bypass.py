@@ -87,7 +87,7 @@ def test_table2_row_samples_models_tadm_with_the_fusion_bypassed_at_table2_s_K(t
     off = SampleRun("tadm_nofusion", str(tadm_dir), "remdm-loop", bypass_fusion=False)
     on = SampleRun("tadm_nofusion", str(tadm_dir), "remdm-loop", bypass_fusion=True)
     for T in (8, 16):  # Table 2's budgets with their K (sample.budgets)
-        assert repr(on.refresh_for(params, T)) == repr(base.refresh_for(params, T))
+        assert repr(on.policy(params, T)) == repr(base.policy(params, T))
     tokens, record = draw_samples(on, params, 8, bos_id=0)
     ref, ref_record = draw_samples(base, params, 8, bos_id=0)
     assert np.array_equal(draw_samples(off, params, 8, bos_id=0)[0], ref)  # bypass off: TADM token for token

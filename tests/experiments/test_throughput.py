@@ -71,7 +71,7 @@ def uninterrupted_canvases(p, models, name, T, batch):
     spec = throughput.sample_run(name, models)
     model, _ = sampling.prepare_model(sampling.load_pretrained(spec.model_dir), p, d)
     settings = sampling.sampler_settings(spec, p, T, sampling.network_autocast(d))
-    refresh = spec.refresh_for(p, T) if model.model_type == "tadm" else None
+    refresh = spec.policy(p, T) if model.model_type == "tadm" else None
     canvases = [None]
     with make_adapter(model, refresh, bypass_fusion=spec.bypass_fusion) as adapter:
         sample(adapter, settings, num_samples=batch, seq_len=model.seq_len,

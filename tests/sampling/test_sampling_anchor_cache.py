@@ -186,3 +186,13 @@ def test_make_adapter_dispatch(tadm):
         make_adapter(random_model("ar"))  # AR samples with its own loop (tadm.sampling.ar)
     with pytest.raises(RuntimeError, match="start"):
         TADMAdapter(tadm)(torch.full((1, 8), V), 0, 1.0)
+
+
+def test_the_paper_profiles_budgets_are_the_paper_refresh_schedule():
+    """One schedule: the paper profile's (T, K) budgets are PAPER_REFRESH_SCHEDULE, the library's
+    home of the paper's Table 2 refresh intervals (docs/glossary.md's K table)."""
+    from tadm import config
+    from tadm.config.loader import render_profile
+
+    p = config.from_dict(render_profile("paper"))
+    assert {b.T: b.K for b in p.sample.budgets} == PAPER_REFRESH_SCHEDULE

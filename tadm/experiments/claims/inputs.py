@@ -166,7 +166,7 @@ class Inputs:
         """This profile's refresh interval K at budget T."""
         if T is None:
             return None
-        return self.params.sample.refresh_for(T)
+        return self.params.sample.refresh_every(T)
 
     def paired(self, samples_dir: str | Path, T: int | None) -> dict | None:
         from tadm.experiments.table2 import load_paired

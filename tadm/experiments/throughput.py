@@ -25,7 +25,7 @@ that batch, so a round times a *window* of every diffusion row's trajectory inst
   s = W keeps the untimed run to the start to one window, and past the trajectory's first step;
 - the state at step s is made once per row, budget and batch before any timing: the row's own
   sampler runs its real trajectory from the all-mask canvas to step s and pauses there
-  (`tadm.sampling.sample(..., stop=s)`, `tadm.sampling.base` point 8: the canvas, the generator,
+  (`tadm.sampling.sample(..., stop=s)`, `tadm.sampling.loop` point 8: the canvas, the generator,
   the sampler's and the adapter's state, TADM's anchor cache included); every timed call resumes
   from that same state and stops after W steps (``sample(..., start=paused, stop=s + W)``), so a
   row does the very same work, bit for bit, in every round (``same_every_round``) and its

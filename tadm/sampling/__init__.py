@@ -13,8 +13,9 @@ from tadm.sampling.anchor_cache import (
     PAPER_REFRESH_SCHEDULE, AdaptiveDrift, AnchorCache, BudgetSchedule, FixedInterval, RefreshPolicy,
     StaleAnchorError,
 )
-from tadm.sampling.base import Paused, SampleResult, SamplerSettings, StepInfo, Transition, sample
+from tadm.sampling.base import SamplerSettings, StepInfo, Transition
 from tadm.sampling.counters import ComputeCounter, instrument
+from tadm.sampling.loop import Paused, SampleResult, sample
 from tadm.sampling.mdlm import MDLMSampler, mdlm_posterior
 from tadm.sampling.remdm import LoopSchedule, ReMDMSampler, remdm_posterior, sigma_max
 from tadm.sampling.correctors import CorrectorSampler, dfm_grid, dfm_posterior, dfm_rates, fb_posterior, fb_rates

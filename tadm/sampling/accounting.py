@@ -24,7 +24,8 @@ from tadm.models import build_model
 from tadm.registry import METHODS, method_for
 from tadm.sampling.adapters import make_adapter
 from tadm.sampling.anchor_cache import PAPER_REFRESH_SCHEDULE, BudgetSchedule
-from tadm.sampling.base import SamplerSettings, sample
+from tadm.sampling.base import SamplerSettings
+from tadm.sampling.loop import sample
 
 # The paper's Table 2, compute column (layer calls per generation), for T = 2048 and 4096.
 PUBLISHED = {

@@ -23,13 +23,13 @@ whatever state the model carries across steps:
 LM head only where needed: the output projection (d x (V+1), about a quarter of a step's FLOPs
 at the paper's size) is applied by `project` to the rows the sampler will read, the positions
 it decodes this step; a decoded token is carried over and a position that stays masked does not
-depend on x_theta, so nothing else is ever read (`tadm.sampling.base`).
+depend on x_theta, so nothing else is ever read (`tadm.sampling.loop`).
 
 None of the models is time-conditioned; `t` is part of the call so a time-conditioned model
 could be adapted without touching the samplers. `step` counts reverse steps from 0 over the
 whole trajectory (all semi-AR blocks), and must not decrease within a trajectory.
 
-ddpm_cache (MDLM's exact skip, see `tadm.sampling.base`): the loop asks `can_reuse(z_t, step)`
+ddpm_cache (MDLM's exact skip, see `tadm.sampling.loop`): the loop asks `can_reuse(z_t, step)`
 before skipping the network (nothing to decode) or reusing the last hidden states for an
 unchanged canvas. It is always exact for MDLM / ADLM. For TADM the last output D(Phi(S(z), h))
 is what the model would return now only if the policy would *not* refresh at this step (same
@@ -39,10 +39,10 @@ steps with and without ddpm_cache.
 
 Host reads: whether a refresh is due can depend on the data (`AdaptiveDrift`). The loop asks
 `due_flag(z_t, step)` first (a bool, or a 0-dim tensor it reads together with the rest of the
-step's values, `tadm.sampling.base`) and hands the answer back with `decide`; `can_reuse` and
+step's values, `tadm.sampling.loop`) and hands the answer back with `decide`; `can_reuse` and
 `hidden` at that step then use it instead of reading the device again.
 
-Pause and resume (`tadm.sampling.base`, point 8): `state()` is what a paused trajectory keeps of
+Pause and resume (`tadm.sampling.loop`, point 8): `state()` is what a paused trajectory keeps of
 the adapter (TADM: a copy of its anchor cache; None for the stateless ones), `restore(state)`
 takes it back after `start`.
 """
@@ -84,7 +84,7 @@ class Adapter(abc.ABC):
         """Begin a new reverse trajectory of `total_steps` steps (drops per-trajectory state)."""
 
     def state(self) -> Any:
-        """The per-trajectory state a paused trajectory keeps (`tadm.sampling.base.Paused`); None
+        """The per-trajectory state a paused trajectory keeps (`tadm.sampling.loop.Paused`); None
         for stateless models."""
         return None
 

@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 
 from tadm import runtime
-from tadm.sampling.base import AUTOCAST, SampleResult, nucleus_filter, sample_categorical
+from tadm.sampling.base import AUTOCAST, nucleus_filter, sample_categorical
+from tadm.sampling.loop import SampleResult
 from tadm.sampling.counters import ComputeCounter, count_block, instrument
 
 

@@ -43,7 +43,7 @@ Choices (the only places this differs from the release):
 - The release ends a trajectory with "noise removal": one more network call whose argmax fills
   whatever is still masked. Here the last step of a grid is (t, 0), a pure predictor step with
   no remasking (alpha_s = 1: everything masked decodes, by a draw from x_theta), like every other
-  sampler of the loop (`tadm.sampling.base`, point 5). For FB this drops the release's last-step
+  sampler of the loop (`tadm.sampling.loop`, point 5). For FB this drops the release's last-step
   remasking (probability ~1/T per token); DFM's grid gets that (t, 0) step appended.
 - Correctors act inside the current semi-AR block only (the release samples one block).
 Coefficients are Python float64.

@@ -51,7 +51,7 @@ reference took 143 ms, the host path 27 ms on peaked rows (nucleus about 300 tok
 
 Host reads: the host path picks its rows by reading values (`nonzero`, numpy): free on a CPU,
 where there is no device to wait for. On any other device `draw_nucleus` is the reference,
-which reads nothing (the sampling loop's host reads are its plan's, `tadm.sampling.base`).
+which reads nothing (the sampling loop's host reads are its plan's, `tadm.sampling.loop`).
 `HOST_DRAW = False` runs the reference on the CPU too (what the host-read tests count).
 """
 

@@ -10,7 +10,7 @@ but they are the same calls, so counting them here counts them there.
 
     with count_host_syncs() as syncs:
         sample(...)
-    syncs.total, syncs.by_site   # {"tadm/sampling/base.py:123 item": n, ...}
+    syncs.total, syncs.by_site   # {"tadm/sampling/loop.py:123 item": n, ...}
 """
 
 from __future__ import annotations

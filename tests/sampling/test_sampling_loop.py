@@ -214,7 +214,7 @@ def test_a_sampler_that_leaves_masks_is_an_error_not_a_silent_fill(models):
     try:
         adapter = adapter_for(models, "mdlm")
         with pytest.raises(RuntimeError, match="left 32 masked positions at the end of block 0"):
-            from tadm.sampling.base import _trajectory
+            from tadm.sampling.loop import _trajectory
             _trajectory(adapter, Stalling(settings, V), settings, 2, L, torch.Generator().manual_seed(0), None)
     finally:
         SAMPLERS.unregister("test-stalling")
@@ -329,7 +329,7 @@ def test_nucleus_filter():
 
 @pytest.mark.parametrize("p", [1.0, 0.85, 0.5, 0.1])
 def test_draw_nucleus_draws_from_the_filtered_distribution(p):
-    from tadm.sampling.base import draw_nucleus
+    from tadm.sampling.nucleus import draw_nucleus
 
     probs = torch.tensor([0.05, 0.5, 0.0, 0.3, 0.15], dtype=torch.float64).expand(200_000, 5).contiguous()
     tokens, token_prob = draw_nucleus(probs, p, torch.Generator().manual_seed(0))

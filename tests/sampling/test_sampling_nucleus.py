@@ -23,7 +23,7 @@ from tadm.models import build_model
 
 
 def old_draw_nucleus(probs, p, generator):
-    """tadm.sampling.base.draw_nucleus before the host path, verbatim."""
+    """tadm.sampling.nucleus.draw_nucleus before the host path, verbatim."""
     if p >= 1.0:
         order, ranked = None, probs
     else:
@@ -221,7 +221,7 @@ def test_sorted_values_are_the_values_of_torchs_sort():
 def test_samples_with_the_host_draw_are_the_old_samples(kind, sampler, precision, p, monkeypatch):
     """Whole runs, one vocabulary above HOST_MIN_CLASSES: the same tokens with the host path as with
     the old draw patched in (also what the committed samples were drawn with)."""
-    import tadm.sampling.base as base
+    import tadm.sampling.loop as loop
 
     vocab = 3000
     model = build_model(kind, TINY, vocab, 16)
@@ -233,7 +233,7 @@ def test_samples_with_the_host_draw_are_the_old_samples(kind, sampler, precision
     refresh = FixedInterval(2) if kind == "tadm" else None
     runs = {}
     for name, draw in (("host", nucleus.draw_nucleus), ("old", old_draw_nucleus)):
-        monkeypatch.setattr(base, "draw_nucleus", draw)
+        monkeypatch.setattr(loop, "draw_nucleus", draw)
         with make_adapter(model.eval(), refresh) as adapter:
             runs[name] = sample(adapter, settings, num_samples=5, seq_len=16).tokens
     assert torch.equal(runs["host"], runs["old"])
@@ -300,12 +300,12 @@ def test_kept_conditioning_equals_the_fresh_vector_and_follows_the_weights():
 
 
 def test_samples_are_the_same_with_and_without_kept_conditioning(monkeypatch):
-    import tadm.sampling.base as base
+    import tadm.sampling.loop as loop
 
     model = random_model("tadm", seq_len=16)
     settings = SamplerSettings(sampler="remdm-loop", steps=8, nucleus_p=0.9, seed=1)
     with make_adapter(model, FixedInterval(2)) as adapter:
         kept = sample(adapter, settings, num_samples=3, seq_len=16).tokens
-        monkeypatch.setattr(base, "constant_conditioning", lambda m: __import__("contextlib").nullcontext())
+        monkeypatch.setattr(loop, "constant_conditioning", lambda m: __import__("contextlib").nullcontext())
         fresh = sample(adapter, settings, num_samples=3, seq_len=16).tokens
     assert torch.equal(kept, fresh)

@@ -77,7 +77,7 @@ def test_rates_from_the_masks_alone_read_once_per_plan_not_per_step(models, kind
     """Without ddpm_cache, a sampler whose rates are host numbers (masks_only) and a refresh
     schedule fixed in advance: the masks of up to PLAN_STEPS steps are drawn ahead, so a block
     of T_b steps costs ceil(T_b / PLAN_STEPS) reads, not T_b (here one per block)."""
-    from tadm.sampling.base import PLAN_STEPS
+    from tadm.sampling.loop import PLAN_STEPS
 
     with make_adapter(models[kind], refresh) as adapter:
         total, _, sites = reads_per_step(adapter, sampler=sampler, eta=0.05, ddpm_cache=False, block_size=block_size)
@@ -143,7 +143,7 @@ class OutOfRange(Sampler):
 
 
 def test_a_per_position_rate_out_of_range_is_still_an_error(models):
-    from tadm.sampling.base import _trajectory
+    from tadm.sampling.loop import _trajectory
 
     settings = SamplerSettings(steps=4)
     sampler = OutOfRange(settings, V)
@@ -283,12 +283,12 @@ def test_masks_drawn_ahead_give_the_step_by_step_trajectory(models, monkeypatch,
     """The plan draws the same uniforms from the trajectory's mask generator as one step at a
     time would: the same tokens with PLAN_STEPS = 1, 3 and the default, with and without a
     callback, across semi-AR blocks, and with a TADM anchor refreshed every 4 steps."""
-    import tadm.sampling.base as base
+    import tadm.sampling.loop as loop
 
     kind = "sedd" if sampler == "sedd-analytic" else "tadm"
     out = {}
-    for plan_steps in (1, 3, base.PLAN_STEPS):
-        monkeypatch.setattr(base, "PLAN_STEPS", plan_steps)
+    for plan_steps in (1, 3, loop.PLAN_STEPS):
+        monkeypatch.setattr(loop, "PLAN_STEPS", plan_steps)
         for with_callback in (False, True):
             with make_adapter(models[kind], FixedInterval(4) if kind == "tadm" else None) as adapter:
                 cfg = SamplerSettings(sampler=sampler, steps=T, nucleus_p=0.9, ddpm_cache=False, block_size=8, eta=0.05)

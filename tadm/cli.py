@@ -456,18 +456,18 @@ def cmd_throughput(args) -> None:
     written to --out. Without: the blocks in --blocks combined into --out and --table, each block
     first run in its own process when --run-blocks is given."""
     from tadm.errors import DataError
-    from tadm.experiments import throughput
+    from tadm.experiments import throughput, throughput_results
     from tadm.io import atomic_write_json
 
     p = _params(args)
     if args.block is not None:
         from tadm.data.tokenizer import load_tokenizer
 
-        out = Path(args.out or throughput.block_path(args.block, args.blocks))
+        out = Path(args.out or throughput_results.block_path(args.block, args.blocks))
         result = throughput.run(p, models_dir=args.models, bos_id=load_tokenizer(args.tokenizer).bos_token_id,
                                 rows=args.rows, out=out, block=args.block)
         if args.table:
-            throughput.write_table(result, Path(args.table))
+            throughput_results.write_table(result, Path(args.table))
         print(json.dumps({"block": args.block, "out": str(out), "seconds": round(result["seconds"], 1)}))
         return
     if args.run_blocks:
@@ -478,13 +478,13 @@ def cmd_throughput(args) -> None:
                 cmd += ["--rows", *args.rows]
             if subprocess.run(cmd).returncode != 0:
                 raise DataError(f"throughput: block {b} failed (its command: {' '.join(cmd)})")
-    blocks = throughput.load_blocks(args.blocks)
+    blocks = throughput_results.load_blocks(args.blocks)
     if len(blocks) != p.sample.throughput_blocks:
         raise DataError(f"{args.blocks} holds {len(blocks)} timing blocks, sample.throughput_blocks is "
                         f"{p.sample.throughput_blocks}: run the missing ones (python -m tadm throughput --block B)")
-    result = throughput.combine(blocks, args.blocks)
-    atomic_write_json(Path(args.out or throughput.OUT), result)
-    throughput.write_table(result, Path(args.table or throughput.TABLE))
+    result = throughput_results.combine(blocks, args.blocks)
+    atomic_write_json(Path(args.out or throughput_results.OUT), result)
+    throughput_results.write_table(result, Path(args.table or throughput_results.TABLE))
     for T, budget in result["budgets"].items():
         print(json.dumps({"T": int(T), "tokens_per_s": {r: round(b["tokens_per_s"], 1) for r, b in budget["rows"].items()},
                           "vs_adlm": {r: b["vs"].get("adlm", {}).get("ratio") for r, b in budget["rows"].items()}}))
@@ -723,14 +723,14 @@ def output_paths(args) -> list[tuple[str, Path, str, tuple[str, ...] | None]]:
 
         return [("--out", Path(out) if out else speed_block_path(args.block, Path(args.root) / SPEED_DIR), "file", None)]
     if command == "throughput":
-        from tadm.experiments import throughput
+        from tadm.experiments import throughput_results
 
         if args.block is not None:
-            paths = [("--out", Path(out or throughput.block_path(args.block, args.blocks)), "file", None)]
+            paths = [("--out", Path(out or throughput_results.block_path(args.block, args.blocks)), "file", None)]
         else:
-            paths = [("--out", Path(out or throughput.OUT), "file", None)]
+            paths = [("--out", Path(out or throughput_results.OUT), "file", None)]
         if args.table or args.block is None:
-            paths.append(("--table", Path(args.table or throughput.TABLE), "file", None))
+            paths.append(("--table", Path(args.table or throughput_results.TABLE), "file", None))
         if args.block is not None or args.run_blocks:
             paths.append(("--blocks", Path(args.blocks), "dir", None))
         return paths

@@ -512,7 +512,8 @@ def run_jobs(commands: Sequence[tuple[str, Sequence[str]]], jobs: int, log=print
     unknown = sorted(set().union(*after.values()) - set(names)) if after else []
     if unknown:
         raise TadmError(f"run_jobs: after names {unknown}, which no command is called")
-    env = thread_env(dict(os.environ), threads_per_job(jobs))
+    threads = threads_per_job(jobs)
+    env = thread_env(dict(os.environ), threads)
     queue, running, seconds, failed = list(commands), {}, {}, []
 
     def ready() -> tuple[str, Sequence[str]] | None:

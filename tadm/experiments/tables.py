@@ -3,7 +3,7 @@
     results/table2/<row>.json   one Table 2 row, every budget T   (tadm.experiments.table2.run_row)
     results/sweep/<name>.json   TADM at one T with refresh K (or the adaptive policy)
     results/throughput.json     Table 2's tokens/s: timing blocks in separate processes, every row
-                                timed in turns in each (tadm.experiments.throughput; `read_throughput`)
+                                timed in turns in each (tadm.experiments.throughput_results; `read_throughput`)
 
 `table2_frame` / `sweep_frame` flatten them into pandas frames; `write_table` writes Markdown
 and CSV; `tradeoff_figure` plots quality against compute (seaborn), saved as PNG and PDF.
@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 
 from tadm.errors import DataError
-from tadm.experiments import throughput
+from tadm.experiments import throughput_results
 from tadm.experiments.table2 import ROWS
-from tadm.experiments.throughput import paired_ratio, row_tokens_per_s
+from tadm.experiments.throughput_results import paired_ratio, row_tokens_per_s
 from tadm.io import atomic_path, atomic_write_text
 
 METRICS = ["mauve", "gen_ppl", "entropy", "layer_calls", "tokens_per_s"]
@@ -44,14 +44,14 @@ def read_results(directory: str | Path) -> list[dict]:
 def read_throughput(path: str | Path = "results/throughput.json") -> dict:
     """The throughput stage's result; a one-line DataError naming the file when it is missing."""
 
-    return throughput.load(path)
+    return throughput_results.load(path)
 
 
 def with_throughput(df: pd.DataFrame, throughput: dict, source: str = "results/throughput.json") -> pd.DataFrame:
     """`df` (a `long_frame`) with tokens/s (± se) and throughput_vs_adlm (± se) from the throughput
     stage instead of each row stage's own timing: across its timing blocks, the geometric mean of
     the blocks' tokens/s and exp(mean of the blocks' log ratios) ± their se over the blocks
-    (`tadm.experiments.throughput.paired_ratio`). A Table 2 row that samples
+    (`tadm.experiments.throughput_results.paired_ratio`). A Table 2 row that samples
     but was not timed there is a DataError (a stale results/throughput.json), never the row's own
     number; rows without a model (Data) get none."""
 

@@ -58,7 +58,7 @@ class Row:
     sampler: str | None = None  # None: the profile's sample.sampler
     bypass_fusion: bool = False  # TADM: the fusion ablation (SampleRun.bypass_fusion)
     # the throughput stage also gives every row's speed against this row, in this rank (0 first);
-    # None: not a reference (tadm.experiments.throughput.speed_references)
+    # None: not a reference (tadm.experiments.throughput_results.speed_references)
     speed_reference: int | None = None
 
     @property

@@ -25,7 +25,7 @@ def test_markdown_cells_carry_their_uncertainty_and_csv_keeps_numbers(tmp_path):
 
 def test_throughput_is_also_shown_relative_to_adlm_at_the_same_budget():
     """From the throughput stage (tests/experiments/test_throughput.py: paired per-round ratios)."""
-    from tadm.experiments import throughput
+    from tadm.experiments import throughput_results
 
     def row(name, tps):
         return {"row": name, "label": name.upper(), "budgets": {str(T): {
@@ -36,7 +36,7 @@ def test_throughput_is_also_shown_relative_to_adlm_at_the_same_budget():
     for T in (64, 128):
         budget = timed["budgets"][str(T)] = {"rows": {name: {"tokens": 64, "seconds": [64 / (tps * T / 64)] * 3}
                                                       for name, tps in (("adlm", 100.0), ("tadm", 173.0))}}
-        throughput.summarize(budget)
+        throughput_results.summarize(budget)
     wide = tables.table2_frame([row("adlm", 100.0), row("tadm", 173.0), row("data", float("nan"))], timed)
     assert wide.loc["ADLM", ("throughput_vs_adlm", 64)] == 1.0
     assert abs(wide.loc["TADM‡ (γ=3e-3)", ("throughput_vs_adlm", 128)] - 1.73) < 1e-12

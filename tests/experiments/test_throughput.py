@@ -19,7 +19,7 @@ import pytest
 
 from tadm import config, runtime
 from tadm.errors import ConfigError, DataError
-from tadm.experiments import sampling, table2, tables, throughput
+from tadm.experiments import sampling, table2, tables, throughput, throughput_results
 from tadm.metrics.bootstrap import paired_speedup
 from tadm.sampling import make_adapter, sample
 from tests.conftest import micro_raw, write_params
@@ -83,7 +83,7 @@ def uninterrupted_canvases(p, models, name, T, batch):
 def test_rows_are_timed_in_turns_rotating_and_alternating(timed):
     p, _, root, result, _ = timed
     n, budgets = len(ROWS), p.sample.steps
-    assert result["format"] == throughput.BLOCK_FORMAT == 2 and (result["block"], result["blocks"]) == (0, BLOCKS)
+    assert result["format"] == throughput_results.BLOCK_FORMAT == 2 and (result["block"], result["blocks"]) == (0, BLOCKS)
     assert result["batch_seed"] == p.seed  # block 0: the row stages' first batch
     assert result["rows"] == ROWS and result["rounds"] == R and result["batch"] == p.sample.batch_size == 2
     assert result["references"] == ["adlm", "mdlm"] and result["window"] == 4
@@ -109,7 +109,7 @@ def test_rows_are_timed_in_turns_rotating_and_alternating(timed):
         assert budget["rows"]["tadm_nofusion"]["bypass_fusion"] and not budget["rows"]["tadm"]["bypass_fusion"]
         assert budget["rows"]["tadm"]["policy"] == f"FixedInterval(K={K})"
         assert budget["rows"]["mdlm_fb"]["sampler"] == "mdlm-fb"
-    md = throughput.to_markdown(result)
+    md = throughput_results.to_markdown(result)
     assert table2.ROWS["tadm_nofusion"].label in md and f"T = {budgets[0]}, K = {REFRESH[0]}" in md
     assert "Batch 1, 2 rounds" in md and "(whole draw)" in md and "timing block 0 of 2" in md
     md = (root / "table2_throughput.md").read_text()
@@ -195,14 +195,14 @@ def test_batch1_is_timed_beside_with_the_same_design(timed):
             assert rows[name]["tokens"] == p.sample.canvas_length and len(rows[name]["seconds"]) == R1
             assert rows[name]["steps_timed"] == result["window"] and rows[name]["same_every_round"]
             assert rows[name]["start_sha256"] == sha(uninterrupted_canvases(p, models, name, T, 1)[rows[name]["start_step"]])
-        got = throughput.paired_ratio(result, T, "tadm", "adlm", batch=1)
+        got = throughput_results.paired_ratio(result, T, "tadm", "adlm", batch=1)
         assert got == (rows["tadm"]["vs"]["adlm"]["ratio"], rows["tadm"]["vs"]["adlm"]["se"])
-        assert got != throughput.paired_ratio(result, T, "tadm", "adlm")
-        assert throughput.batch1_ratio(result, T, "tadm", "adlm") == got
-        assert throughput.batch1_ratio(result, T, "sedd", "adlm") is None
-        assert throughput.batch1_ratio({**result, "batch1": None}, T, "tadm", "adlm") is None
+        assert got != throughput_results.paired_ratio(result, T, "tadm", "adlm")
+        assert throughput_results.batch1_ratio(result, T, "tadm", "adlm") == got
+        assert throughput_results.batch1_ratio(result, T, "sedd", "adlm") is None
+        assert throughput_results.batch1_ratio({**result, "batch1": None}, T, "tadm", "adlm") is None
     with pytest.raises(KeyError, match="no timing at batch 7"):
-        throughput.paired_ratio(result, 8, "tadm", "adlm", batch=7)
+        throughput_results.paired_ratio(result, 8, "tadm", "adlm", batch=7)
 
 
 def test_paired_ratio_and_bound_ratio_return_what_the_json_holds(timed):
@@ -212,34 +212,34 @@ def test_paired_ratio_and_bound_ratio_return_what_the_json_holds(timed):
         for name, row in rows.items():
             for ref in result["references"]:
                 stored = row["vs"][ref]
-                assert throughput.paired_ratio(result, int(T), name, ref) == (stored["ratio"], stored["se"])
+                assert throughput_results.paired_ratio(result, int(T), name, ref) == (stored["ratio"], stored["se"])
                 per_round = [row["tokens_per_s"][i] / rows[ref]["tokens_per_s"][i] for i in range(R)]
                 assert stored["ratio"] == pytest.approx(statistics.median(per_round))
-                bound = throughput.bound_ratio(result, int(T), name, ref)
+                bound = throughput_results.bound_ratio(result, int(T), name, ref)
                 assert bound == stored["bound"] == pytest.approx(rows[ref]["flops_per_token"] / row["flops_per_token"])
                 assert stored["measured_over_bound"] == pytest.approx(stored["ratio"] / bound)
                 assert stored["measured_over_bound_se"] == pytest.approx(stored["se"] / bound)
                 assert row["flops_per_token"] == pytest.approx(row["counters"]["flops"] * row["scale"] / row["tokens"])
             # a reference not stored is computed the same way
-            got = throughput.paired_ratio(result, int(T), name, "tadm")
+            got = throughput_results.paired_ratio(result, int(T), name, "tadm")
             scaled = [[s * r["scale"] for s in r["seconds"]] for r in (rows["tadm"], row)]
             assert got[0] == pytest.approx(paired_speedup(*scaled)[0])
-            assert throughput.bound_ratio(result, int(T), name, "tadm") == pytest.approx(
+            assert throughput_results.bound_ratio(result, int(T), name, "tadm") == pytest.approx(
                 rows["tadm"]["flops_per_token"] / row["flops_per_token"])
-        assert throughput.paired_ratio(result, int(T), "adlm", "adlm")[0] == 1.0
+        assert throughput_results.paired_ratio(result, int(T), "adlm", "adlm")[0] == 1.0
         # TADM's FLOPs: 1 denoiser layer every step + 2 anchor layers every K, against ADLM's 2 + 1
-        assert throughput.bound_ratio(result, int(T), "tadm", "adlm") > 1.0
+        assert throughput_results.bound_ratio(result, int(T), "tadm", "adlm") > 1.0
     with pytest.raises(KeyError):
-        throughput.paired_ratio(result, int(T), "sedd", "adlm")
+        throughput_results.paired_ratio(result, int(T), "sedd", "adlm")
     with pytest.raises(KeyError):
-        throughput.bound_ratio(result, 12345, "tadm", "adlm")
+        throughput_results.bound_ratio(result, 12345, "tadm", "adlm")
 
 
 def test_ratios_are_medians_of_paired_per_round_ratios_not_ratios_of_medians():
     budget = {"rows": {"adlm": {"tokens": 100, "seconds": [1.0, 3.0, 2.0], "flops_per_token": 30.0},
                        "tadm": {"tokens": 100, "seconds": [2.0, 1.0, 4.0], "flops_per_token": 20.0},
                        "mdlm": {"tokens": 200, "seconds": [1.0, 1.0, 1.0]}}}
-    throughput.summarize(budget)
+    throughput_results.summarize(budget)
     tadm, mdlm = budget["rows"]["tadm"], budget["rows"]["mdlm"]
     # per-round tokens/s ratios tadm / adlm: 1/2, 3/1, 2/4 -> median 0.5 (the ratio of the medians is 1)
     assert tadm["vs"]["adlm"]["ratio"] == pytest.approx(0.5)
@@ -253,7 +253,7 @@ def test_ratios_are_medians_of_paired_per_round_ratios_not_ratios_of_medians():
     assert budget["rows"]["adlm"]["vs"]["mdlm"]["ratio"] == pytest.approx(0.25)
     assert tadm["tokens_per_s_median"] == pytest.approx(50.0)
     one = {"rows": {"adlm": {"tokens": 1, "seconds": [1.0]}, "tadm": {"tokens": 1, "seconds": [0.5]}}}
-    throughput.summarize(one)
+    throughput_results.summarize(one)
     assert one["rows"]["tadm"]["vs"]["adlm"] == {"ratio": 2.0, "se": None, "bound": None, "measured_over_bound": None,
                                                  "measured_over_bound_se": None}  # JSON has no nan
     assert one["rows"]["tadm"]["tokens_per_s_se"] is None
@@ -264,7 +264,7 @@ def test_a_window_stands_for_its_whole_trajectory():
     is a 8 s trajectory; a whole draw (scale 1) of 4 s is faster."""
     budget = {"rows": {"adlm": {"tokens": 64, "seconds": [1.0, 1.0], "scale": 8.0},
                        "ar": {"tokens": 64, "seconds": [4.0, 4.0], "scale": 1.0}}}
-    throughput.summarize(budget)
+    throughput_results.summarize(budget)
     assert budget["rows"]["adlm"]["tokens_per_s_median"] == pytest.approx(8.0)
     assert budget["rows"]["ar"]["vs"]["adlm"]["ratio"] == pytest.approx(2.0)
 
@@ -317,8 +317,8 @@ def test_table2_reads_tokens_per_s_from_the_throughput_stage(tmp_path):
 
     budget = {"T": 64, "K": 8, "rows": {"adlm": {"tokens": 64, "seconds": [1.0, 3.0, 2.0], "scale": 2.0},
                                         "tadm": {"tokens": 64, "seconds": [2.0, 1.0, 4.0], "scale": 2.0}}}
-    throughput.summarize(budget)
-    result = {"format": throughput.FORMAT, "batch": 64, "references": ["adlm"], "budgets": {"64": budget},
+    throughput_results.summarize(budget)
+    result = {"format": throughput_results.FORMAT, "batch": 64, "references": ["adlm"], "budgets": {"64": budget},
               "batch1": None}
     # the row stages' own (unpaired) numbers are not used
     wide = tables.table2_frame([row("adlm", 999.0), row("tadm", 1.0), row("data", None)], result)
@@ -372,7 +372,7 @@ def test_a_row_that_does_not_sample_is_refused_in_one_line(timed):
 
 def test_blocks_run_in_their_own_processes_with_their_own_seed_and_window(timed):
     p, _, root, first, _ = timed
-    blocks = throughput.load_blocks(root / "blocks")
+    blocks = throughput_results.load_blocks(root / "blocks")
     assert [b["block"] for b in blocks] == [0, 1] and blocks[0] == first
     assert blocks[1]["batch_seed"] == sampling.batch_seed(p.seed, 1) != blocks[0]["batch_seed"]
     assert blocks[0]["start_steps"] == {"8": 4, "16": 4} and blocks[1]["start_steps"] == {"8": 4, "16": 12}
@@ -385,40 +385,40 @@ def test_the_combined_ratio_is_the_mean_log_ratio_of_the_blocks(timed):
     from tadm.metrics.invocations import combine
 
     _, _, root, _, _ = timed
-    blocks = throughput.load_blocks(root / "blocks")
-    result = throughput.load(root / "throughput.json")
-    assert result["format"] == throughput.FORMAT and result["blocks"] == BLOCKS
+    blocks = throughput_results.load_blocks(root / "blocks")
+    result = throughput_results.load(root / "throughput.json")
+    assert result["format"] == throughput_results.FORMAT and result["blocks"] == BLOCKS
     for section, batch in ((result, None), (result["batch1"], 1)):
         for T, budget in section["budgets"].items():
             for name, row in budget["rows"].items():
                 for ref in result["references"]:
-                    per = [throughput.paired_ratio(b, int(T), name, ref, batch=batch) for b in blocks]
+                    per = [throughput_results.paired_ratio(b, int(T), name, ref, batch=batch) for b in blocks]
                     want = combine([r for r, _ in per], [se for _, se in per])
                     got = row["vs"][ref]
                     assert got["ratio"] == pytest.approx(float(np.exp(np.mean(np.log([r for r, _ in per])))))
                     assert got["df"] == BLOCKS - 1 and got["blocks"] == [r for r, _ in per]
-                    assert throughput.paired_ratio(result, int(T), name, ref, batch=batch) == (want["ratio"], want["se"])
+                    assert throughput_results.paired_ratio(result, int(T), name, ref, batch=batch) == (want["ratio"], want["se"])
                     if name != ref:  # the blocks' spread on the log scale, never below their rounds' own se
                         var = float(np.var(np.log([r for r, _ in per]), ddof=1))
                         within = float(np.mean([(se / r) ** 2 for r, se in per]))
                         assert got["se"] == pytest.approx(got["ratio"] * np.sqrt(max(var, within) / BLOCKS))
                 tps = [b["budgets"][T]["rows"][name]["tokens_per_s_median"] if batch is None
                        else b["batch1"]["budgets"][T]["rows"][name]["tokens_per_s_median"] for b in blocks]
-                assert throughput.row_tokens_per_s(row)[0] == pytest.approx(float(np.exp(np.mean(np.log(tps)))))
+                assert throughput_results.row_tokens_per_s(row)[0] == pytest.approx(float(np.exp(np.mean(np.log(tps)))))
             # a reference not stored: per block, then combined
-            got = throughput.paired_ratio(result, int(T), "mdlm", "tadm", batch=batch)
-            per = [throughput.paired_ratio(b, int(T), "mdlm", "tadm", batch=batch) for b in blocks]
+            got = throughput_results.paired_ratio(result, int(T), "mdlm", "tadm", batch=batch)
+            per = [throughput_results.paired_ratio(b, int(T), "mdlm", "tadm", batch=batch) for b in blocks]
             assert got[0] == pytest.approx(combine([r for r, _ in per])["ratio"])
 
 
 def test_blocks_that_are_not_one_set_are_refused_in_one_line(timed, tmp_path):
     _, _, root, _, _ = timed
-    blocks = throughput.load_blocks(root / "blocks")
+    blocks = throughput_results.load_blocks(root / "blocks")
     with pytest.raises(DataError, match=r"holds blocks \[0\] of \[2\]"):
-        throughput.combine(blocks[:1])
+        throughput_results.combine(blocks[:1])
     with pytest.raises(DataError, match="block 1 has batch 5, block 0 2"):
-        throughput.combine([blocks[0], {**blocks[1], "batch": 5}])
+        throughput_results.combine([blocks[0], {**blocks[1], "batch": 5}])
     with pytest.raises(DataError, match="block 1 has format 1"):
-        throughput.combine([blocks[0], {**blocks[1], "format": 1}])
+        throughput_results.combine([blocks[0], {**blocks[1], "format": 1}])
     with pytest.raises(DataError, match="holds no timing block"):
-        throughput.load_blocks(tmp_path)
+        throughput_results.load_blocks(tmp_path)

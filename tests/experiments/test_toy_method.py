@@ -163,7 +163,7 @@ def test_every_place_that_treats_methods_apart_asks_the_unit(toy, tmp_path, monk
     import dataclasses
 
     from tadm.asrd.backends import MaskedBackend
-    from tadm.experiments import throughput
+    from tadm.experiments import throughput_results
     from tadm.experiments.claims import evidence
     from tadm.sampling import accounting
     from tadm.step_time import H100, sampling_step, training_step
@@ -193,9 +193,9 @@ def test_every_place_that_treats_methods_apart_asks_the_unit(toy, tmp_path, monk
         MaskedBackend(net, refresh_every=2)
 
     # throughput's references (Row.speed_reference, by rank) and the claims' row -> checkpoint
-    assert throughput.speed_references() == ("adlm", "mdlm")
+    assert throughput_results.speed_references() == ("adlm", "mdlm")
     ranked = {"a": Row("a", "A", "a", speed_reference=1), "b": Row("b", "B", "b", speed_reference=0), "c": Row("c", "C", "c")}
-    assert throughput.speed_references(ranked) == ("b", "a")
+    assert throughput_results.speed_references(ranked) == ("b", "a")
     assert evidence.row_model("toy") == "toy" and evidence.row_model("tadm_nofusion") == "tadm"
     with pytest.raises(KeyError):
         evidence.row_model("data")
@@ -209,5 +209,5 @@ def test_every_place_that_treats_methods_apart_asks_the_unit(toy, tmp_path, monk
     net.save_pretrained(tmp_path / "toy")
     z = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.equal(AutoModel.from_pretrained(tmp_path / "toy")(z), toy.canvas_logits(net.eval(), z))
+        assert torch.equal(AutoModel.from_pretrained(tmp_path / "toy")(z).logits, toy.canvas_logits(net.eval(), z))
         assert torch.equal(toy.canvas_logits(net, z), net(z))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tadm.compute import cached_layer_calls
-from tadm.experiments import throughput
+from tadm.experiments import throughput_results
 from tadm.experiments.claims.claim import CONTRADICTED, DIRECTION, EQUIVALENCE, INCONCLUSIVE, NON_INFERIORITY, Claim, Entry
 from tadm.experiments.claims.inputs import Inputs
 from tadm.experiments.claims.rules import Rules, exact, paper_position, usable
@@ -175,13 +175,13 @@ def paired_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
         return
     a, b = e.rows
     try:
-        ratio, se = throughput.paired_ratio(inp.throughput, T, a, b)
-        entry = throughput.ratio_entry(inp.throughput, T, a, b) or {}
+        ratio, se = throughput_results.paired_ratio(inp.throughput, T, a, b)
+        entry = throughput_results.ratio_entry(inp.throughput, T, a, b) or {}
     except KeyError:
         return
     c.value, c.se, c.n = ratio - 1.0, se, inp.throughput.get("blocks")
     c.df = entry.get("df")
-    bound = throughput.bound_ratio(inp.throughput, T, a, b)
+    bound = throughput_results.bound_ratio(inp.throughput, T, a, b)
     if usable(bound):
         c.extra["measured_over_bound"] = ratio / bound
     c.shown = (_fmt(ratio, se, 2, "x") + f" (T = {T}, K = {inp.refresh(T)}, batch {inp.throughput.get('batch')}"
@@ -192,7 +192,7 @@ def paired_throughput(inp: Inputs, e: Entry, c: Claim, rules: Rules) -> None:
                     + (f", log sd within {entry['within_sd']:.3f} / between {entry['between_sd']:.3f}"
                        if entry.get("within_sd") is not None and entry.get("between_sd") is not None else "")
                     + (f", Q = {entry['q']:.1f} on {entry['q_df']} df" if entry.get("q") is not None else ""))
-    one = throughput.batch1_ratio(inp.throughput, T, a, b)
+    one = throughput_results.batch1_ratio(inp.throughput, T, a, b)
     if one is not None:
         c.notes += f"; at batch 1: {_fmt(one[0], one[1], 2, 'x')}"
 

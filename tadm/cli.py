@@ -548,11 +548,8 @@ def cmd_asrd_model(args) -> None:
         print(json.dumps(summary))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="tadm", description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
-    sub = ap.add_subparsers(dest="command", required=True)
-
+def _add_setup_commands(sub) -> None:
+    """Subcommands: the profile, the checks and the data stages."""
     p = sub.add_parser("profile", help="show the active profile or switch params.yaml to another")
     p.add_argument("name", nargs="?", help="default | paper | micro (see profiles/)")
     how = p.add_mutually_exclusive_group()
@@ -585,6 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vocabulary size (default: the tokenizer's; read as tokenizer.vocab_size)")
     p.set_defaults(func=cmd_count)
 
+
+def _add_model_commands(sub) -> None:
+    """Subcommands: sampling and training the pretraining networks and the evaluator."""
     p = sub.add_parser("sample", help="sample from a trained model (TADM reuses its anchor for K steps)")
     p.add_argument("model", help="a model directory, e.g. models/tadm")
     p.add_argument("--steps", type=_key("sample.budgets.T"), default=128, help="reverse steps T")
@@ -624,6 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_restart(p)
     p.set_defaults(func=cmd_evaluator)
 
+
+def _add_result_commands(sub) -> None:
+    """Subcommands: the claims, replicates and timing stages."""
     p = sub.add_parser("claims", help="paper_figures/claims.{md,csv}: the paper's claims with verdicts computed from "
                        "this run's results")
     p.add_argument("--out", default="paper_figures")
@@ -664,6 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-control", action="store_true", help="leave out the fresh-anchor control (models/dg_fresh)")
     p.set_defaults(func=cmd_table1_speed)
 
+
+def _add_posttrain_commands(sub) -> None:
+    """Subcommands: TADM:Post-train, its base and the ASRD model."""
     p = sub.add_parser("dg-base", help="train the small DiffusionGemma of the default profile on the SFT canvases")
     p.add_argument("--sft", default=str(SFT_DIR))
     p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
@@ -688,6 +694,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=str(TOKENIZER_DIR))
     _add_restart(p)
     p.set_defaults(func=cmd_asrd_model)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="tadm", description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default=str(config.PARAMS_FILE.name), help="params file (default: params.yaml)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    _add_setup_commands(sub)
+    _add_model_commands(sub)
+    _add_result_commands(sub)
+    _add_posttrain_commands(sub)
     return ap
 
 

@@ -14,6 +14,8 @@ from tadm.methods import Method
 from tadm.methods.base import AnchoredMethod
 
 CARD_FILE = "README.md"
+SAMPLE_K = 4  # the anchor refresh interval the card's example samples with
+
 
 
 def row_sampler(method: Method, run: str, p: Params) -> str:
@@ -23,10 +25,7 @@ def row_sampler(method: Method, run: str, p: Params) -> str:
 
 
 def _sampling(method: Method, p: Params, bos_id: int, run: str) -> str:
-    """The card's Python example: load with AutoModel, then sample as the run's Table 2 row does
-    at the profile's first budget (``sample.budgets[0]``: T reverse steps, the anchor refreshed
-    every K)."""
-    budget = p.sample.budgets[0]
+    """The card's Python example: load with AutoModel, then sample as the run's Table 2 row does."""
     def head(imports: str) -> str:
         return ("import tadm\nfrom transformers import AutoModel\n" + imports + "\n\n"
                 'model = AutoModel.from_pretrained(".")  # model.net is the project\'s network\n')
@@ -36,11 +35,11 @@ def _sampling(method: Method, p: Params, bos_id: int, run: str) -> str:
                        f"                   nucleus_p={p.sample.nucleus_p})\n")
     policy, comment = "", ""
     if method.refreshes:
-        policy, comment = f", FixedInterval({budget.K})", f"  # the anchor refreshed every K = {budget.K} steps"
+        policy, comment = f", FixedInterval({SAMPLE_K})", f"  # the anchor refreshed every K = {SAMPLE_K} steps"
     imports = "FixedInterval, " if method.refreshes else ""
     return head(f"from tadm.sampling import {imports}SamplerSettings, make_adapter, sample") + (
                    f"with make_adapter(model.net{policy}) as adapter:{comment}\n"
-                   f'    result = sample(adapter, SamplerSettings(sampler="{row_sampler(method, run, p)}", steps={budget.T},'
+                   f'    result = sample(adapter, SamplerSettings(sampler="{row_sampler(method, run, p)}", steps=64,'
                    f" nucleus_p={p.sample.nucleus_p}),\n"
                    "                    num_samples=4, seq_len=model.config.seq_len)\n")
 

@@ -95,7 +95,8 @@ class CacheSpec:
     """A cache row of the LLaDA group: the method and its intervals (`build` makes the backend).
 
     prefix / dual: `every` = K, or None (refreshed once per block, as released); feature:
-    `every` = K_r, `prompt_every` = K_p, `share` = rho; naive: `every` = K."""
+    `every` = K_r, `prompt_every` = K_p, `share` = rho; naive: `every` = K; dkv: `every` = R,
+    the reload interval (its rows are at the release's R, `DKV_RELOAD`, whatever the K's)."""
 
     method: str
     every: int | None = None
@@ -160,6 +161,15 @@ def _naive_rows(ks, released) -> list[tuple[str, CacheSpec]]:
     return [(f"Naive reuse K={k}", CacheSpec("naive", k)) for k in ks]
 
 
+# dKV-Cache-Decode's reload intervals R (horseee/dKV-Cache @49a76fc): 2, the `--cache-steps` default of
+# `llada_generate.py`; 8, the `cache_reloading_step` of the README's LLaDA decode example.
+DKV_RELOAD = (2, 8)
+
+
+def _dkv_rows(ks, released) -> list[tuple[str, CacheSpec]]:
+    return [(f"dKV-Cache-Decode R={r}", CacheSpec("dkv", r)) for r in DKV_RELOAD]
+
+
 def _prefix_backend(model, spec: CacheSpec):
     from tadm.caches.llada.prefix import prefix_backend
     return prefix_backend(model, spec)
@@ -180,9 +190,16 @@ def _naive_backend(model, spec: CacheSpec):
     return naive_backend(model, spec)
 
 
+def _dkv_backend(model, spec: CacheSpec):
+    from tadm.caches.llada.dkv import dkv_backend
+    return dkv_backend(model, spec)
+
+
 add_llada_cache(LladaCache("prefix", _prefix_backend, _prefix_rows))
 add_llada_cache(LladaCache("dual", _dual_backend, _dual_rows))
 add_llada_cache(LladaCache("feature", _feature_backend, _feature_rows))
 add_llada_cache(LladaCache("naive", _naive_backend, _naive_rows))
+add_llada_cache(LladaCache("dkv", _dkv_backend, _dkv_rows))
 
-__all__ = ["CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls", "tadm_calls"]
+__all__ = ["DKV_RELOAD", "CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls",
+           "tadm_calls"]

@@ -388,7 +388,7 @@ def _paper():
 
 @pytest.mark.parametrize("key, value, expected", [
     ("llada_cache_methods", ["prefix", "kv"],
-     "asrd.llada_cache_methods[1]: no LLaDA cache 'kv' is registered (known: prefix, dual, feature, naive)"),
+     "asrd.llada_cache_methods[1]: no LLaDA cache 'kv' is registered (known: prefix, dual, feature, naive, dkv)"),
     ("llada_cache_methods", ["naive", "naive"], "asrd.llada_cache_methods: must not repeat a value"),
     ("llada_cache_refresh", [2, 1], "asrd.llada_cache_refresh[1]: must be >= 2, got 1"),
     ("llada_cache_refresh", [3, 3], "asrd.llada_cache_refresh: must not repeat a value"),

@@ -30,13 +30,23 @@ design note docs/design/training-free-caches.md, §2 and §3.4); no code of thei
   naive row, the back layers then read only the reused state: a reuse pass returns its
   refresh pass's logits.
 
+- `LladaDkvBackend` (`dkv`; dKV-Cache-Decode as released, `dkv.py`). Per semi-AR block, passes 0, 1
+  and every R-th are full; the others run only the rows masked in the previous pass's input, the
+  other rows' K/V (those of tokens decided two or more passes ago) read from the cache.
+
+- `LladaD2CacheBackend` (d²Cache as released, `d2cache.py`; not registered as a row). One cache for the
+  whole generation: a full first pass, then every layer runs one row set chosen after each step
+  (the best certainty-weighted masked positions near the block, the positions just decoded and
+  an attention-rollout nucleus), eager attention over every key.
+
 Rows a prefix or dual reuse pass does not compute return the last full pass's logits; the
 low-confidence decoders read only the current block's undecided rows, which every pass computes.
 
 Accounting (`DecodeCounters.layer_calls_weighted`): the unit is one layer over the whole canvas
 of N = P + G rows. A full pass is L; a prefix reuse pass L (N - lo) / N; a dual reuse pass
-L (hi - lo) / N; a feature-cache pass 1 + (L - 1) n / N with n the rows computed
-(P [prompt due] + G [response due] or floor(rho G)); a naive pass s + d, + a on a refresh.
+L (hi - lo) / N; a dKV cached pass, and a d²Cache pass after the first, L n / N (n the rows
+computed); a feature-cache pass 1 + (L - 1) n / N with n the rows computed (P [prompt due] +
+G [response due] or floor(rho G)); a naive pass s + d, + a on a refresh.
 `layer_calls` counts each layer run once per pass (the naive reuse skips the middle ones).
 `budget_x` is TADM's share at the same K on this depth, (s + d + a / K) / L, for the rows
 matched by refresh interval (None for the rows as released).
@@ -47,9 +57,12 @@ entry's rows of the table and its backend, built from a `CacheSpec`).
 
 from tadm.caches.llada.base import SPLIT, LladaCacheBackend, scaled_split, tadm_share
 from tadm.caches.llada.block import block_forward, rotary_at
+from tadm.caches.llada.d2cache import LladaD2CacheBackend
+from tadm.caches.llada.dkv import LladaDkvBackend
 from tadm.caches.llada.feature import LladaFeatureCacheBackend
 from tadm.caches.llada.naive import LladaNaiveReuseBackend
 from tadm.caches.llada.prefix import LladaPrefixCacheBackend
 
-__all__ = ["SPLIT", "LladaCacheBackend", "LladaFeatureCacheBackend", "LladaNaiveReuseBackend",
-           "LladaPrefixCacheBackend", "block_forward", "rotary_at", "scaled_split", "tadm_share"]
+__all__ = ["SPLIT", "LladaCacheBackend", "LladaD2CacheBackend", "LladaDkvBackend", "LladaFeatureCacheBackend",
+           "LladaNaiveReuseBackend", "LladaPrefixCacheBackend", "block_forward", "rotary_at", "scaled_split",
+           "tadm_share"]

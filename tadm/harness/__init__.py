@@ -1,18 +1,35 @@
 """lm-evaluation-harness for TADM: Table 1's rows and the ASRD comparison's LLaDA rows as the
-harness model ``tadm``, Table 1's arithmetic task as a harness task (docs/harness.md).
+harness model ``tadm``, Table 2's pretraining models as the harness model ``tadm_pretrain``,
+Table 1's arithmetic task and two Tiny Shakespeare tasks as harness tasks (docs/harness.md).
 
     python -m tadm.harness --model tadm --model_args row=tadm,K=2 --tasks tadm_arithmetic --limit 16
+    python -m tadm.harness --model tadm_pretrain --model_args row=mdlm --tasks tadm_shakespeare
 
 ``python -m tadm.harness`` is the harness's own command line (``lm_eval``: the same flags) with
-the ``tadm`` model registered (`tadm.harness.model`) and this package's tasks on the task path
-(``tasks/``: ``tadm_arithmetic``) unless ``--include_path`` names another directory. lm-eval
-0.4.13 finds third-party models only where they are imported, hence the launcher;
-``lm_eval.simple_evaluate(model="tadm", ...)`` works after ``import tadm.harness.model``.
+lm-eval's own models (``hf``, ``dummy``, ...) and the ``tadm`` and ``tadm_pretrain`` models
+registered (`tadm.harness.model`, `tadm.harness.pretrain`) and this package's tasks on the task
+path (``tasks/``) unless ``--include_path`` names another directory. lm-eval 0.4.13 finds
+third-party models only where they are imported, hence the launcher;
+``lm_eval.simple_evaluate(model="tadm", ...)`` works after ``import tadm.harness.model``
+(``tadm_pretrain``: ``import tadm.harness.pretrain``).
+
+For the ``tadm`` and ``tadm_pretrain`` models the launcher also: forwards an explicit ``--seed``
+(its torch slot) to the model as its ``seed`` (a different ``seed=`` in ``--model_args`` as well
+is refused); refuses ``--gen_kwargs`` keys the model's sampler does not take (``temperature``,
+``top_k``, ``do_sample``; for ``tadm`` also ``top_p``); and adds ``pretrained=<the model
+directory>`` to the model arguments when neither ``pretrained`` nor its alias ``model_path`` is
+given, so the results folder under ``--output_path`` is named after the model
+(``models__dg_tadm``). For every model, before the model loads, the tasks are loaded once: a task
+whose dataset cannot be loaded (a hub dataset with ``HF_DATASETS_OFFLINE=1``) is one line naming
+the task, and ``--num_fewshot`` > 0 (or a task's own ``num_fewshot``) is refused for a task that
+would draw its examples from the documents it scores (no training, validation or
+``fewshot_split`` split).
 
 Refused, in one line and before anything loads: ``--confirm_run_unsafe_code`` (the harness's code
 tasks execute generated code on the host; this project runs generated code only inside
 `tadm.tasks.sandbox`, as Table 1 does for HumanEval and LiveCodeBench), ``--apply_chat_template``
-(the tadm model applies each row's own turn), ``--limit`` below 1, ``--num_fewshot`` below 0, an
+for the ``tadm`` model (it applies each row's own turn) and the ``tadm_pretrain`` model (no chat
+template), ``--limit`` below 1, ``--num_fewshot`` below 0, an
 ``--output_path`` that would write over what is there or cannot be written, a ``--model_args``
 key given twice, and any flag abbreviated (``--confirm`` is not ``--confirm_run_unsafe_code``:
 prefix matching is off). Every error, the harness's own included, is one line (set
@@ -28,6 +45,10 @@ from pathlib import Path
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 PROG = "python -m tadm.harness"
+OUR_MODELS = ("tadm", "tadm_pretrain")  # the models this package registers
+# --gen_kwargs keys a model's sampler does not take (refused in one line before the model loads)
+REFUSED_GEN_KWARGS = {"tadm": ("temperature", "top_k", "top_p", "do_sample"),
+                      "tadm_pretrain": ("temperature", "top_k", "do_sample")}
 
 
 def harness_argv(argv: list[str]) -> list[str]:
@@ -101,6 +122,8 @@ def check_args(args) -> None:
         refuse("--confirm_run_unsafe_code", "refused: the harness would run generated code on the host unsandboxed")
     if getattr(args, "apply_chat_template", False) and getattr(args, "model", None) == "tadm":
         refuse("--apply_chat_template", "refused: the tadm model applies each row's own chat turn to the prompt")
+    if getattr(args, "apply_chat_template", False) and getattr(args, "model", None) == "tadm_pretrain":
+        refuse("--apply_chat_template", "refused: the tadm_pretrain models are not chat models (no chat template)")
     limit = getattr(args, "limit", None)
     if limit is not None and limit <= 0:
         refuse("--limit", f"must be > 0 (a count of documents, or a fraction of them), got {limit:g}")
@@ -125,6 +148,101 @@ def check_model_args(argv: list[str]) -> None:
         if twice:
             raise ConfigError("--model_args", f"{', '.join(twice)} given twice ({value!r}): give each once",
                               "tadm.harness")
+
+
+def seed_given(argv: list[str]) -> bool:
+    """Whether `argv` gives the harness's ``--seed`` explicitly."""
+    return any(a == "--seed" or a.startswith("--seed=") for a in argv)
+
+
+def prepare_run(args, explicit_seed: bool) -> None:
+    """The model arguments of a ``run`` of the ``tadm`` / ``tadm_pretrain`` model (module
+    docstring): --gen_kwargs keys the sampler does not take refused, an explicit --seed forwarded
+    as the model's seed, and ``pretrained`` added (the model directory) when absent. Other models
+    are left as lm-eval runs them."""
+    from tadm.errors import ConfigError
+
+    model = getattr(args, "model", None)
+    if model not in OUR_MODELS:
+        return
+    gen = getattr(args, "gen_kwargs", None) or {}
+    refused = [k for k in REFUSED_GEN_KWARGS[model] if k in gen]
+    if refused:
+        why = ("the tadm model samples with DiffusionGemma's own schedule (posttrain.sample_steps, entropy-bound "
+               "acceptance, its temperature schedule)" if model == "tadm" else
+               "the tadm_pretrain model samples with its row's sampler at temperature 1 (top_p sets the nucleus p)")
+        raise ConfigError("--gen_kwargs", f"{', '.join(refused)} refused: {why}", "tadm.harness")
+    model_args = dict(getattr(args, "model_args", None) or {})
+    seeds = getattr(args, "seed", None)
+    if explicit_seed and seeds and seeds[2] is not None:
+        if "seed" in model_args and str(model_args["seed"]).strip() != str(seeds[2]):
+            raise ConfigError("--seed", f"the torch seed {seeds[2]} and --model_args seed={model_args['seed']} "
+                              "differ: give one", "tadm.harness")
+        model_args["seed"] = seeds[2]
+    if "pretrained" in model_args and "model_path" in model_args:
+        raise ConfigError("--model_args", "pretrained and model_path name the same thing (model_path is its alias): "
+                          "give one", "tadm.harness")
+    if "pretrained" not in model_args and "model_path" not in model_args:
+        if model == "tadm":
+            from tadm.harness.model import default_model_dir
+        else:
+            from tadm.harness.pretrain import default_model_dir
+        directory = default_model_dir(model_args)
+        if directory:
+            model_args["pretrained"] = directory
+    args.model_args = model_args
+
+
+def fewshot_source(task) -> str | None:
+    """The split `task` (an lm-eval task) draws few-shot examples from: its ``fewshot_split``,
+    else its training, else its validation split, else its test split (lm-eval's rule); None
+    when the task lists its examples itself (``fewshot_config.samples``)."""
+    cfg = getattr(task, "config", None)
+    fewshot = getattr(task, "fewshot_cfg", None)
+    if fewshot is not None and getattr(fewshot, "split", None) is not None:
+        return fewshot.split
+    if fewshot is not None and getattr(cfg, "fewshot_config", None) is not None and \
+            getattr(fewshot, "samples", None) is not None:
+        return None
+    for split in ("training_split", "validation_split", "test_split"):
+        if getattr(cfg, split, None) is not None:
+            return getattr(cfg, split)
+    return None
+
+
+def preflight_tasks(args) -> None:
+    """Load the tasks of a ``run`` once, before the model: a task that cannot be loaded (its
+    dataset not available, e.g. a hub dataset offline) is one line naming it, and few-shot
+    examples that would come from the scored documents are refused (module docstring)."""
+    import copy
+    import os
+
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    from tadm.errors import ConfigError
+
+    if not getattr(args, "tasks", None):
+        return
+    cfg = EvaluatorConfig.from_cli(copy.copy(args))
+    manager = cfg.process_tasks(cfg.metadata)
+    offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+               if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")]
+    for name in cfg.tasks:
+        try:
+            loaded = manager.load([name])
+        except Exception as e:  # noqa: BLE001 -- the dataset's own error, folded into one line
+            where = f" ({offline[0]}=1: hub datasets are not available offline)" if offline else ""
+            raise ConfigError("--tasks", f"task {name}: its dataset cannot be loaded{where}: {type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:300]}", "tadm.harness") from None
+        for task_name, task in (loaded.get("tasks") or {}).items():
+            shots = cfg.num_fewshot if cfg.num_fewshot is not None else getattr(task.config, "num_fewshot", None)
+            if not shots:
+                continue
+            source, test = fewshot_source(task), getattr(task.config, "test_split", None)
+            if source is not None and source == test:
+                raise ConfigError("--num_fewshot", f"{shots} refused for task {task_name}: its few-shot examples "
+                                  f"would come from the split it scores ({test!r}); the task needs a fewshot_split, "
+                                  "training or validation split", "tadm.harness")
 
 
 def _strict(parser) -> None:
@@ -153,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = harness_argv(argv)
+        import lm_eval.models  # noqa: F401  (lm-eval's own models: registered before ours, so none is hidden)
         import tadm.harness.model  # noqa: F401  (registers the model "tadm")
+        import tadm.harness.pretrain  # noqa: F401  (registers the model "tadm_pretrain")
         from lm_eval._cli.harness import HarnessCLI
         from lm_eval.utils import setup_logging
 
@@ -163,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         _strict(cli._parser)
         parsed = cli.parse_args()
         check_args(parsed)
+        if getattr(parsed, "command", None) == "run":
+            prepare_run(parsed, seed_given(args))
+            preflight_tasks(parsed)
         cli.execute(parsed)
     except TadmError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -176,5 +299,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["TASKS_DIR", "check_args", "check_output_path_arg", "check_output_writable", "harness_argv", "main",
-           "output_path_arg"]
+__all__ = ["OUR_MODELS", "TASKS_DIR", "check_args", "check_output_path_arg", "check_output_writable", "fewshot_source",
+           "harness_argv", "main", "output_path_arg", "preflight_tasks", "prepare_run", "seed_given"]

@@ -201,6 +201,52 @@ class _LladaRow:
         return texts, seconds, seconds
 
 
+def pretrained_arg(pretrained, model_path) -> str | None:
+    """The model directory of the model arguments ``pretrained`` or ``model_path`` (its alias,
+    LLaDA's harness wrapper's spelling); both given is a one-line error."""
+    if pretrained is not None and model_path is not None:
+        raise harness_error("model_args.model_path", "model_path is an alias of pretrained: give one of them")
+    value = pretrained if pretrained is not None else model_path
+    if value is not None and not str(value).strip():
+        raise harness_error("model_args.pretrained", "must name a model directory, got ''")
+    return None if value is None else str(value)
+
+
+def same_path(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name the same file or directory (hub ids compare as text)."""
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve() if Path(a).exists() or Path(b).exists() \
+        else str(a) == str(b)
+
+
+def row_model_dir(p, row: str, root: Path) -> str:
+    """The model directory a row loads: TADM's fusion (models/dg_tadm), the control's
+    (models/dg_fresh), the base (models/dg_base or posttrain.base_model) for the base and the
+    caches, LLaDA (asrd.llada_model) for row llada."""
+    from tadm.posttrain import model as dgm
+
+    if row == LLADA:
+        return p.asrd.llada_model
+    if row == "tadm":
+        return str(root / dgm.TADM_DIR)
+    if row == "control":
+        return str(root / dgm.FRESH_DIR)
+    return dgm.base_source(p, root)
+
+
+def default_model_dir(model_args: dict) -> str | None:
+    """The ``pretrained`` the launcher adds for `model_args` (the row's model directory, names
+    the results folder); None where the arguments do not settle it (the model's own error
+    then comes when it loads)."""
+    try:
+        p = config.load(Path(str(model_args.get("params", "params.yaml"))))
+        row = str(model_args.get("row", "tadm"))
+        if row == LLADA and model_args.get("llada"):
+            return str(model_args["llada"])
+        return row_model_dir(p, row, Path(str(model_args.get("root", ".")))) or None
+    except (TadmError, OSError):
+        return None
+
+
 def slug(label: str) -> str:
     """A row label as a model argument: lower case, runs of other characters as one '-'
     ("Fast-dLLM prefix cache K=4" -> "fast-dllm-prefix-cache-k-4")."""
@@ -233,16 +279,20 @@ def _whole(name: str, value, ge: int, le: int | None = None) -> int:
 class TadmLM(LM):
     """One row of Table 1, or of the LLaDA group, as a harness model (module docstring).
     ``model_args``: row, K, params (default params.yaml), root (default .), seed (default
-    posttrain.seed); for row llada: variant, llada. The harness's ``--device`` (its default
+    posttrain.seed), pretrained (alias model_path: the row's model directory, which it must
+    be; the launcher adds it so the results folder is named after the model); for row llada:
+    variant, llada (pretrained is its alias there). The harness's ``--device`` (its default
     cuda:0: pass ``--device cpu`` on a machine without CUDA) and ``--batch_size``."""
 
     def __init__(self, row: str = "tadm", K: int | None = None, params: str = "params.yaml", root: str = ".",
                  seed: int | None = None, variant: str | None = None, llada: str | None = None,
+                 pretrained: str | None = None, model_path: str | None = None,
                  batch_size=1, max_batch_size=None, device: str | None = None, **unused):
         super().__init__()
         if unused:
-            raise harness_error("model_args", f"unknown argument(s) {', '.join(sorted(unused))} "
-                              "(known: row, K, params, root, seed, variant, llada, device, batch_size)")
+            raise harness_error("model_args", f"unknown argument(s) {', '.join(sorted(unused))} (known: row, K, "
+                                "params, root, seed, variant, llada, pretrained, model_path, device, batch_size)")
+        pretrained = pretrained_arg(pretrained, model_path)
         if row not in rows():
             raise harness_error("model_args.row", f"must be one of {', '.join(rows())}, got {row!r}")
         k = None if K is None else _whole("model_args.K", K, 1)
@@ -264,6 +314,16 @@ class TadmLM(LM):
                 raise harness_error("--device", f"{e.detail} (lm-eval's default is cuda:0: pass --device cpu "
                                   "on a machine without CUDA)") from None
         p = config.load(Path(params))
+        if pretrained is not None and row == LLADA:
+            if llada is not None and str(llada) != pretrained:
+                raise harness_error("model_args.pretrained", f"row llada loads one LLaDA: pretrained={pretrained!r} "
+                                    f"and llada={llada!r} differ")
+            llada = pretrained
+        elif pretrained is not None:
+            loads = row_model_dir(p, row, Path(root))
+            if not same_path(pretrained, loads):
+                raise harness_error("model_args.pretrained", f"row {row} loads {loads!r} (the profile's model under "
+                                    f"root={root!r}), got {pretrained!r}: point root at the directory holding models/")
         if k is not None and k > p.posttrain.sample_steps:
             raise harness_error("model_args.K", f"must be <= posttrain.sample_steps ({p.posttrain.sample_steps}, the "
                                 f"denoising steps per canvas; a larger K refreshes once per canvas), got {k}")
@@ -272,6 +332,7 @@ class TadmLM(LM):
         if llada is not None:
             p = dataclasses.replace(p, asrd=dataclasses.replace(p.asrd, llada_model=str(llada)))
         self.p, self.seed = p, p.posttrain.seed if seed is None else _whole("model_args.seed", seed, 0, SEED_MAX)
+        self.pretrained = p.asrd.llada_model if row == LLADA else row_model_dir(p, row, Path(root))
         d = runtime.Dist(0, 1, runtime.resolve_device(rt.device), rt.precision)
         self.engine = _LladaRow(p, d, variant) if row == LLADA else _DiffusionGemmaRow(p, d, row, k, Path(root))
         self.method = getattr(self.engine, "method", None)  # the Table1Method of a DiffusionGemma row
@@ -347,7 +408,8 @@ class TadmLM(LM):
 
     def get_model_info(self) -> dict:
         speeds = self.speed()
-        return {"tadm_row": self.engine.label, "tadm_family": self.engine.family, "tadm_refresh_every": self.engine.k,
+        return {"tadm_row": self.engine.label, "tadm_pretrained": self.pretrained, "tadm_family": self.engine.family,
+                "tadm_refresh_every": self.engine.k,
                 "tadm_seed": self.seed, "tadm_sample_steps": self.p.posttrain.sample_steps,
                 "generated_tokens_per_s": {n: s["tokens_per_s"] for n, s in speeds.items()},
                 "generated_tokens_counted": "generated canvas positions only (not the prompt), over the median "
@@ -368,4 +430,5 @@ def cut_at(text: str, until: list[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
-__all__ = ["harness_error", "MODEL_NAME", "TadmLM", "HarnessRefused", "row_streams", "request_seed", "cut_at", "rows", "slug"]
+__all__ = ["harness_error", "MODEL_NAME", "default_model_dir", "pretrained_arg", "row_model_dir", "TadmLM",
+           "HarnessRefused", "row_streams", "request_seed", "cut_at", "rows", "slug"]

@@ -241,3 +241,126 @@ def test_llada_row_refusals(llada_params, workspace, monkeypatch):
         TadmLM(row="llada", variant="asrd", params="params.yaml", device="cpu")
     with pytest.raises(ConfigError, match="model_args.variant"):
         TadmLM(row="base", variant="asrd", params="params.yaml", device="cpu")
+
+
+# ---------------------------------------------------------------------------- the launcher's runs
+
+def _launch(workspace, tmp_path, *extra, model_args="row=tadm,K=2,params=params.yaml", model="tadm", **env_extra):
+    e = {**env(), "HF_DATASETS_CACHE": str(workspace / ".hf-datasets"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+         **env_extra}
+    cmd = [sys.executable, "-m", "tadm.harness", "--model", model, *(["--model_args", model_args] if model_args else []),
+           "--limit", "1", "--device", "cpu", *extra]
+    return subprocess.run(cmd, cwd=workspace, env=e, capture_output=True, text=True, timeout=600)
+
+
+def _one_error_line(done, words: str) -> None:
+    lines = [line for line in done.stderr.strip().splitlines() if "error" in line]
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(lines) == 1 and words in lines[0], done.stderr[-2000:]
+    assert "Initializing" not in done.stderr  # refused before the model loads
+
+
+def test_launcher_keeps_lm_evals_own_models(workspace, tmp_path):
+    """lm-eval's own models stay available next to ours (`--model dummy`)."""
+    done = _launch(workspace, tmp_path, "--tasks", "tadm_arithmetic", model="dummy", model_args=None)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tadm_arithmetic" in done.stdout and "exact_match" in done.stdout
+
+
+def test_seed_flag_reaches_the_model_or_is_refused(workspace, monkeypatch):
+    """An explicit --seed gives the model its torch slot as its seed; a different seed= in
+    --model_args as well is refused in one line; without --seed the model keeps its own."""
+    import argparse
+
+    from tadm.harness import prepare_run, seed_given
+    from tadm.harness.model import TadmLM
+
+    monkeypatch.chdir(workspace)
+    args = argparse.Namespace(model="tadm", model_args={"row": "tadm", "K": 2, "params": "params.yaml"},
+                              seed=[5, 6, 7, 8], gen_kwargs=None)
+    assert seed_given(["--seed", "5,6,7,8"]) and seed_given(["--seed=3"]) and not seed_given(["--model", "tadm"])
+    prepare_run(args, explicit_seed=True)
+    assert args.model_args["seed"] == 7 and args.model_args["pretrained"] == "models/dg_tadm"
+    lm = TadmLM(device="cpu", **args.model_args)
+    assert lm.seed == 7 and lm.get_model_info()["tadm_seed"] == 7
+    quiet = argparse.Namespace(model="tadm", model_args={"row": "tadm", "K": 2}, seed=[0, 1234, 1234, 1234],
+                               gen_kwargs=None)
+    prepare_run(quiet, explicit_seed=False)  # lm-eval's default seeds: the model's own seed stays
+    assert "seed" not in quiet.model_args
+    clash = argparse.Namespace(model="tadm", model_args={"row": "tadm", "K": 2, "seed": 3}, seed=[5] * 4, gen_kwargs=None)
+    with pytest.raises(ConfigError, match="--seed") as e:
+        prepare_run(clash, explicit_seed=True)
+    assert "\n" not in str(e.value)
+    other = argparse.Namespace(model="dummy", model_args={}, seed=[5] * 4, gen_kwargs={"temperature": 0})
+    prepare_run(other, explicit_seed=True)  # lm-eval's own models: untouched
+    assert other.model_args == {}
+
+
+def test_temperature_gen_kwarg_refused_in_one_line(workspace, tmp_path):
+    done = _launch(workspace, tmp_path, "--tasks", "tadm_arithmetic", "--gen_kwargs", "temperature=0")
+    _one_error_line(done, "--gen_kwargs: temperature refused")
+    done = _launch(workspace, tmp_path, "--tasks", "tadm_arithmetic", "--seed", "5", "--model_args", "seed=3")
+    _one_error_line(done, "--seed: the torch seed 5 and --model_args seed=3 differ")
+
+
+def test_fewshot_shots_never_come_from_the_test_split(workspace, monkeypatch, tmp_path):
+    """tadm_arithmetic draws its shots from the SFT training split, never from the problems it
+    scores (whose zero-shot documents and order are Table 1's); a task that would take its shots
+    from its scored documents is refused in one line, before the model loads."""
+    from lm_eval.tasks import TaskManager
+
+    from tadm.experiments import table1
+    from tadm.harness import TASKS_DIR, fewshot_source
+
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(workspace / ".hf-datasets"))
+    task = TaskManager(include_path=str(TASKS_DIR)).load(["tadm_arithmetic"])["tasks"]["tadm_arithmetic"]
+    assert fewshot_source(task) == "train" != task.config.test_split
+    from tadm.io import read_jsonl
+
+    scored = [d["prompt"] for d in task.test_docs()]
+    shots = [d["prompt"] for d in task.fewshot_docs()]
+    train = [r["prompt"] for r in read_jsonl(workspace / "data" / "sft" / "train.jsonl", {"prompt": str})
+             if r.get("source") == "arithmetic"]
+    assert shots and shots == train  # the training split's arithmetic rows (prompts may repeat across splits)
+    assert scored[:N] == table1.arithmetic_task(workspace / "data" / "sft", N, LENGTH).prompts
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "scored_only.yaml").write_text(
+        "task: scored_only\ndataset_path: json\ndataset_kwargs:\n  data_files: data/sft/validation.jsonl\n"
+        "test_split: train\noutput_type: generate_until\ndoc_to_text: '{{prompt}}'\ndoc_to_target: '{{answer}}'\n"
+        "metric_list:\n  - metric: exact_match\n")
+    done = _launch(workspace, tmp_path, "--tasks", "scored_only", "--include_path", str(tasks), "--num_fewshot", "2")
+    _one_error_line(done, "--num_fewshot: 2 refused for task scored_only")
+    done = _launch(workspace, tmp_path, "--tasks", "scored_only", "--include_path", str(tasks), model="dummy",
+                   model_args=None)
+    assert done.returncode == 0, done.stderr[-2000:]  # zero-shot it runs
+
+
+def test_offline_hub_task_fails_in_one_line_before_the_model_loads(workspace, tmp_path):
+    done = _launch(workspace, tmp_path, "--tasks", "gsm8k", HF_HOME=str(tmp_path / "hf-home"),
+                   HF_DATASETS_CACHE=str(tmp_path / "hf-datasets"))
+    _one_error_line(done, "--tasks: task gsm8k: its dataset cannot be loaded (HF_DATASETS_OFFLINE=1")
+
+
+def test_output_folder_is_named_by_model(workspace, tmp_path):
+    done = _launch(workspace, tmp_path, "--tasks", "tadm_arithmetic", "--gen_kwargs", f"max_gen_toks={LENGTH}",
+                   "--output_path", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    [folder] = (tmp_path / "out").iterdir()
+    assert folder.name == "models__dg_tadm"
+    [results] = folder.glob("results_*.json")
+    assert '"tadm_pretrained": "models/dg_tadm"' in results.read_text()
+
+
+def test_model_path_alias_and_both_given_refused(workspace, monkeypatch):
+    from tadm.harness.model import TadmLM
+
+    monkeypatch.chdir(workspace)
+    lm = TadmLM(row="tadm", K=2, model_path="models/dg_tadm", params="params.yaml", device="cpu")
+    assert lm.pretrained == "models/dg_tadm"
+    for bad, name in [({"model_path": "models/dg_tadm", "pretrained": "models/dg_tadm"}, "model_args.model_path"),
+                      ({"pretrained": "models/dg_fresh"}, "model_args.pretrained")]:
+        with pytest.raises(ConfigError) as e:
+            TadmLM(row="tadm", K=2, params="params.yaml", device="cpu", **bad)
+        assert name in str(e.value) and "\n" not in str(e.value)

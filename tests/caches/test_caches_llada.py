@@ -19,9 +19,10 @@ P, G, BLOCK = 6, 12, 4  # prompt rows (left-padded in row 1), generated rows, se
 N = P + G
 
 
-def tiny_model(seed: int = 0) -> llada.LladaModel:
-    """A random LLaDA: 4 layers, d 32, 2 heads sharing 1 kv head, vocab 40 (+ the mask, 45)."""
-    cfg = llada.LladaConfig(d_model=32, n_heads=2, n_kv_heads=1, n_layers=4, mlp_hidden_size=48, vocab_size=40,
+def tiny_model(seed: int = 0, kv_heads: int | None = 1) -> llada.LladaModel:
+    """A random LLaDA: 4 layers, d 32, 2 heads sharing `kv_heads` kv heads (None: their own, MHA), vocab 40
+    (+ the mask, 45)."""
+    cfg = llada.LladaConfig(d_model=32, n_heads=2, n_kv_heads=kv_heads, n_layers=4, mlp_hidden_size=48, vocab_size=40,
                             embedding_size=48, rope_theta=10000.0, rms_norm_eps=1e-5, include_bias=False,
                             weight_tying=False, mask_token_id=45, max_sequence_length=64)
     torch.manual_seed(seed)

@@ -12,6 +12,8 @@ from tadm.caches.llada import d2cache as D
 from tadm.models import llada
 from tests.caches.release_refs import ref_certainty_density, ref_vanilla_d2cache
 
+from tests.caches.test_caches_llada import tiny_model
+
 P, G = 6, 16
 N = P + G
 PADS = (0, 2, 3)
@@ -19,15 +21,8 @@ LAYERS = 4
 
 
 def tiny(seed: int = 0, kv_heads: int | None = None) -> llada.LladaModel:
-    cfg = llada.LladaConfig(d_model=32, n_heads=2, n_kv_heads=kv_heads, n_layers=LAYERS, mlp_hidden_size=48,
-                            vocab_size=40, embedding_size=48, rope_theta=10000.0, rms_norm_eps=1e-5,
-                            include_bias=False, weight_tying=False, mask_token_id=45, max_sequence_length=64)
-    torch.manual_seed(seed)
-    model = llada.LladaModel(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.4 * torch.randn_like(p))
-    return model.eval()
+    """The suite's random LLaDA, by default with 2 heads of their own K/V."""
+    return tiny_model(seed, kv_heads=kv_heads)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from tadm.caches.catalog import CacheSpec
 from tadm.caches.llada.dkv import LladaDkvBackend, cached_rows
 from tadm.models import llada
 from tests.caches.release_refs import ref_dkv_decode
+from tests.caches.test_caches_llada import tiny_model
 
 P, G, BLOCK = 6, 16, 8  # prompt columns (rows 1 and 2 of the batch left-padded), generated, semi-AR block
 N = P + G
@@ -21,16 +22,8 @@ LAYERS = 4
 
 
 def tiny_mha(seed: int = 0) -> llada.LladaModel:
-    """A random LLaDA: 4 layers, d 32, 2 heads with their own K/V (the release needs MHA), vocab 40."""
-    cfg = llada.LladaConfig(d_model=32, n_heads=2, n_layers=LAYERS, mlp_hidden_size=48, vocab_size=40,
-                            embedding_size=48, rope_theta=10000.0, rms_norm_eps=1e-5, include_bias=False,
-                            weight_tying=False, mask_token_id=45, max_sequence_length=64)
-    torch.manual_seed(seed)
-    model = llada.LladaModel(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.4 * torch.randn_like(p))
-    return model.eval()
+    """The suite's random LLaDA with 2 heads of their own K/V (the release needs MHA)."""
+    return tiny_model(seed, kv_heads=None)
 
 
 @pytest.fixture(scope="module")

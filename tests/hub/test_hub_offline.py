@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent('''
     transformers.logging.set_verbosity_error()
 
     dirs, out = json.loads(sys.argv[1]), sys.argv[2]
-    z = torch.load(sys.argv[3])
+    z = torch.load(sys.argv[3], weights_only=True)
     results = {}
     for run, path in dirs.items():
         r = results[run] = {}
@@ -90,7 +90,7 @@ def fresh(hub_workspace, tmp_path_factory):
                            str(work / "z.pt")], cwd=work, env=env, capture_output=True, text=True, timeout=600,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return root, dirs, z, torch.load(work / "results.pt")
+    return root, dirs, z, torch.load(work / "results.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("run", RUNS)

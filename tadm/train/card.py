@@ -14,8 +14,12 @@ from tadm.methods import Method
 from tadm.methods.base import AnchoredMethod
 
 CARD_FILE = "README.md"
-SAMPLE_K = 4  # the anchor refresh interval the card's example samples with
 
+
+def sample_k(p: Params) -> int:
+    """The anchor refresh interval the card's example samples with: the profile's first Table 2
+    budget's K (sample.budgets)."""
+    return p.sample.budgets[0].K
 
 
 def row_sampler(method: Method, run: str, p: Params) -> str:
@@ -34,8 +38,9 @@ def _sampling(method: Method, p: Params, bos_id: int, run: str) -> str:
                        f"result = sample_ar(model.net, num_samples=4, seq_len=model.config.seq_len, bos_id={bos_id},\n"
                        f"                   nucleus_p={p.sample.nucleus_p})\n")
     policy, comment = "", ""
-    if method.refreshes:
-        policy, comment = f", FixedInterval({SAMPLE_K})", f"  # the anchor refreshed every K = {SAMPLE_K} steps"
+    if method.refreshes:  # the profile's first Table 2 budget (sample.budgets)
+        k = sample_k(p)
+        policy, comment = f", FixedInterval({k})", f"  # the anchor refreshed every K = {k} steps"
     imports = "FixedInterval, " if method.refreshes else ""
     return head(f"from tadm.sampling import {imports}SamplerSettings, make_adapter, sample") + (
                    f"with make_adapter(model.net{policy}) as adapter:{comment}\n"

@@ -61,7 +61,7 @@ def test_every_method_trains_and_saves_a_loadable_model(run, micro_packed, tmp_p
     # the model card: the run's numbers, and its example loads the directory through AutoModel and samples
     card = (tmp_path / "models" / run / "README.md").read_text()
     assert f"{summary['val_nelbo']:.4f} nats/token" in card and "| profile | `micro`" in card
-    assert f"{summary['steps']:,} steps" in card and ("FixedInterval(4)" in card) == run.startswith("tadm")
+    assert f"{summary['steps']:,} steps" in card and (f"FixedInterval({p.sample.budgets[0].K})" in card) == run.startswith("tadm")
     monkeypatch.chdir(tmp_path / "models" / run)
     scope: dict = {}
     exec(card.split("```python\n")[1].split("```")[0], scope)
@@ -222,5 +222,7 @@ def test_the_model_card_renders_for_every_family_of_each_profile(profile):
         assert card.startswith("---\nlibrary_name: tadm\n") and f"| profile | `{profile}`" in card
         assert "3.2500 nats/token" in card and f"{p.train.steps:,} steps" in card
         compile(card.split("```python\n")[1].split("```")[0], "card", "exec")  # the example is Python
+        # the example samples at the profile's first Table 2 budget's K (default 8, not a fixed 4)
+        assert (f"FixedInterval({p.sample.budgets[0].K})" in card) == method.refreshes
         if profile == "paper":
             assert "OpenWebText" in card and "on 97 validation sequences" in card

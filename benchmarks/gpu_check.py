@@ -61,7 +61,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tadm import compat, config, runtime  # noqa: E402
+from tadm import compat, config, cuda_graphs, runtime  # noqa: E402
 
 # dense bf16 tensor-core peaks (TFLOP/s, no sparsity) for the MFU column
 PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.2}
@@ -410,11 +410,11 @@ def check_sampling(t: Table, args, device: torch.device) -> None:
     eager = timed(1, None)
     report(1, *eager)
     # batch 1 with CUDA graphs (runtime.cuda_graphs) beside it
-    note = runtime.cuda_graphs_note(True, device)
+    note = cuda_graphs.cuda_graphs_note(True, device)
     if note is not None:
         t.add("c sample", "CUDA graphs batch 1 (runtime.cuda_graphs)", "skipped", note)
     else:
-        handles = [runtime.cuda_graph_forwards(graphed_pieces(m), device) for m in models.values()]
+        handles = [cuda_graphs.cuda_graph_forwards(graphed_pieces(m), device) for m in models.values()]
         try:
             graphed = timed(1, None)
             count = sum(h.graphs for h in handles)

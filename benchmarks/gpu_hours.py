@@ -38,6 +38,8 @@ DG_ACTIVE_PARAMS = 4.0e9  # DiffusionGemma-26B-A4B: ~4B parameters active per to
 DG_LAYERS = 30  # decoder depth; the paper's split is 2 / 20 / 8
 TABLE1_EXAMPLES = {"gsm8k": 1319, "humaneval": 164, "gpqa_diamond": 198, "mmlu_pro": 12032,
                    "livecodebench": 1055, "aime": 30}  # test-set sizes (LiveCodeBench v6 window: approx.)
+LLADA_PARAMS = 8.0e9  # LLaDA-8B: parameters a token of a pass goes through
+LLADA_PROMPT = {"gsm8k": 256, "humaneval": 192}  # assumed mean prompt tokens (question + chat template)
 
 
 def network_forward(kind: str, m: config.ModelConfig, V: int, L: int, head_rows: float) -> float:
@@ -147,6 +149,16 @@ def estimates(p: config.Params) -> list[dict]:
     La = a.prompt_tokens + a.response_tokens
     rows.append({"table": "ASRD", "work": f"train the masked model ({a.train_steps:,} x {a.train_batch} x {La})", "kind": "train",
                  "flops": 3 * network_forward("mdlm", m, V, La, MASKED) * a.train_steps * a.train_batch * La})
+    if a.llada_model:  # the LLaDA group: every row (decoders and cache rows) on each task, every seed
+        from tadm.experiments.asrd.llada import llada_variants
+
+        for task in a.llada_tasks:
+            n = TABLE1_EXAMPLES[task] if not a.llada_eval_examples else min(a.llada_eval_examples, TABLE1_EXAMPLES[task])
+            variants = llada_variants(p, task)
+            per_answer = 2 * LLADA_PARAMS * (LLADA_PROMPT[task] + a.llada_gen_tokens) * a.llada_steps
+            rows.append({"table": "ASRD", "work": f"LLaDA {task}: {n:,} answers x {len(variants)} rows x {len(a.seeds)} seeds x "
+                         f"{a.llada_steps} passes (each counted whole: an upper bound, the cache rows compute less)",
+                         "kind": "generate", "flops": per_answer * n * len(variants) * len(a.seeds)})
     return rows
 
 

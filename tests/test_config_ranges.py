@@ -75,7 +75,9 @@ def test_impossible_values_are_refused_by_check_and_at_load(tmp_path, key, value
     ("sample.budgets", [{"T": 10**9, "K": 4}], "sample.budgets[0].T: must be <= 1048576"),
     ("posttrain.max_new_tokens", 10**12, "posttrain.max_new_tokens: must be <= 1048576"),
     ("posttrain.feature_cache_share", "0.5", "posttrain.feature_cache_share: expected a number, got '0.5'"),
-    ("claims.training_free_comparator", "naive", "claims.training_free_comparator: must be one of posttrain.cache_methods"),
+    ("claims.training_free_comparator", ["naive"], "claims.training_free_comparator: each must be one of posttrain.cache_methods"),
+    ("claims.training_free_comparator", "feature", "claims.training_free_comparator: expected a list"),
+    ("claims.training_free_comparator", [], "claims.training_free_comparator"),
 ])
 def test_reviewed_ranges(key, value, words):
     extra = {"posttrain.cache_methods": ["feature"]} if key == "claims.training_free_comparator" else {}

@@ -21,6 +21,10 @@ a uniform-state model; see `tadm.asrd.backends`). Methods:
   n_j = ceil(undecided / steps left) (LLaDA's front-loaded schedule; it adapts if tokens
   are remasked). `threshold` (Fast-dLLM-style parallel decoding) also keeps every prediction
   whose confidence is at least the threshold; a block then ends as soon as it is decided.
+  `certainty_sigma` (d²Cache's certainty prior) ranks the predictions by confidence x the
+  certainty density of the decided region positions (`tadm.asrd.certainty`, over the whole
+  region, read before the step) instead of confidence alone; the threshold still reads
+  confidence.
 - ``asrd``: low-confidence remasking plus the three ASRD mechanisms: the anchor tokens cache
   (`tadm.asrd.atc`), anchor-guided generation (`tadm.asrd.guidance`, weight `guidance`) and
   anchor-perturbed verification (`tadm.asrd.verify`, scale `perturbation`) *inside the
@@ -67,6 +71,7 @@ from torch import Tensor
 from tadm.runtime import CPU
 from tadm.asrd.atc import AnchorTokensCache
 from tadm.asrd.backends import Backend, DecodeCounters
+from tadm.asrd.certainty import certainty_density
 from tadm.asrd.guidance import anchor_centroid, guidance_signal
 from tadm.asrd.verify import orthogonal_perturbation, survivors
 from tadm.errors import ConfigError
@@ -84,6 +89,7 @@ class DecodeSettings:
     block_size: int | None = None  # None: one block
     temperature: float = 0.0  # 0: argmax
     threshold: float | None = None  # low-confidence / asrd: also keep predictions this confident
+    certainty_sigma: float | None = None  # low-confidence / asrd: rank by confidence x certainty density (d²Cache)
     # remdm (loop)
     eta: float = 0.02
     t_on: float = 0.55
@@ -105,6 +111,7 @@ class DecodeSettings:
             ("block_size", self.block_size is None or self.block_size >= 1, "None or >= 1"),
             ("temperature", self.temperature >= 0.0, ">= 0"),
             ("threshold", self.threshold is None or 0.0 < self.threshold <= 1.0, "None or in (0, 1]"),
+            ("certainty_sigma", self.certainty_sigma is None or self.certainty_sigma > 0.0, "None or > 0"),
             ("eta", 0.0 <= self.eta <= 1.0, "in [0, 1]"),
             ("t_off", 0.0 <= self.t_off < self.t_on <= 1.0, "0 <= t_off < t_on <= 1"),
             ("alpha_on", 0.0 < self.alpha_on < 1.0, "in (0, 1)"),
@@ -287,7 +294,7 @@ class _Run:
             commit = candidates
         else:  # LLaDA's schedule counts the remasked too: they are decided at later steps
             n = torch.ceil((~self.decided & active).sum(-1) / steps_left).long()
-            commit = _top_confident(conf, candidates, n)
+            commit = _top_confident(self.ranking(conf), candidates, n)
             if cfg.threshold is not None:
                 commit |= candidates & (conf >= cfg.threshold)
         self.z = torch.where(commit, token, self.z)
@@ -296,6 +303,20 @@ class _Run:
         if self.atc is not None:
             self.atc.select(self.z, self.decided, self.region)
         return commit, revoke
+
+    def ranking(self, conf: Tensor) -> Tensor:
+        """What the step ranks its candidates by (B, L): confidence, or with `certainty_sigma`
+        confidence x the certainty density of the region's decided positions as they were
+        before this step (d²Cache's certainty prior; every row generates as many positions)."""
+        sigma = self.cfg.certainty_sigma
+        if sigma is None:
+            return conf
+        b, region = conf.shape[0], self.region  # (B, L), the same positions in every row
+        g = int(region[0].sum())
+        density = certainty_density(self.decided[region].view(b, g), sigma)
+        scores = torch.zeros_like(conf)
+        scores[region] = (conf[region].view(b, g) * density.to(conf.dtype)).flatten()
+        return scores
 
     def idle_pass(self) -> None:
         """One model pass on the current canvas whose logits nothing reads (module docstring).

@@ -96,18 +96,22 @@ class CacheSpec:
 
     prefix / dual: `every` = K, or None (refreshed once per block, as released); feature:
     `every` = K_r, `prompt_every` = K_p, `share` = rho; naive: `every` = K; dkv: `every` = R,
-    the reload interval (its rows are at the release's R, `DKV_RELOAD`, whatever the K's)."""
+    the reload interval (its rows are at the release's R, `DKV_RELOAD`, whatever the K's);
+    d2cache: `prior` = the decoder's certainty-prior sigma (its release decodes with it, one
+    block over the whole region: `D2CACHE_RELEASE`)."""
 
     method: str
     every: int | None = None
     prompt_every: int | None = None
     share: float | None = None
+    prior: float | None = None
 
     @property
     def per_block(self) -> bool:
-        """Refreshed once per block (no interval): such a row runs on low-confidence + threshold,
-        its release's cache + parallel recipe; a row with an interval, on low-confidence."""
-        return self.every is None
+        """Refreshed once per block (no interval, no prior): such a row runs on low-confidence +
+        threshold, its release's cache + parallel recipe; a row with an interval, on
+        low-confidence; a row with a prior, on low-confidence with that prior over one block."""
+        return self.every is None and self.prior is None
 
     def build(self, model):
         """The backend of this row on the LLaDA `model`."""
@@ -170,6 +174,16 @@ def _dkv_rows(ks, released) -> list[tuple[str, CacheSpec]]:
     return [(f"dKV-Cache-Decode R={r}", CacheSpec("dkv", r)) for r in DKV_RELOAD]
 
 
+# d²Cache as released for LLaDA (Kamichanw/d2Cache @72feb60, configs/gen_args.py, case "d2cache"): the
+# cache's rollout_p, current_k, sigma and inflate_w; its decoder ranks by confidence x certainty density
+# with the same sigma, one block over the whole answer, one token a step
+D2CACHE_RELEASE = {"rollout_p": 0.1, "current_k": 32, "sigma": 10.0, "inflate_w": 0}
+
+
+def _d2cache_rows(ks, released) -> list[tuple[str, CacheSpec]]:
+    return [("d²Cache (as released)", CacheSpec("d2cache", prior=D2CACHE_RELEASE["sigma"]))]
+
+
 def _prefix_backend(model, spec: CacheSpec):
     from tadm.caches.llada.prefix import prefix_backend
     return prefix_backend(model, spec)
@@ -199,7 +213,13 @@ add_llada_cache(LladaCache("prefix", _prefix_backend, _prefix_rows))
 add_llada_cache(LladaCache("dual", _dual_backend, _dual_rows))
 add_llada_cache(LladaCache("feature", _feature_backend, _feature_rows))
 add_llada_cache(LladaCache("naive", _naive_backend, _naive_rows))
-add_llada_cache(LladaCache("dkv", _dkv_backend, _dkv_rows))
+def _d2cache_backend(model, spec: CacheSpec):
+    from tadm.caches.llada.d2cache import LladaD2CacheBackend
+    return LladaD2CacheBackend(model, **D2CACHE_RELEASE)
 
-__all__ = ["DKV_RELOAD", "CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls",
+
+add_llada_cache(LladaCache("dkv", _dkv_backend, _dkv_rows))
+add_llada_cache(LladaCache("d2cache", _d2cache_backend, _d2cache_rows))
+
+__all__ = ["D2CACHE_RELEASE", "DKV_RELOAD", "CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls",
            "tadm_calls"]

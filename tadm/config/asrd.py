@@ -78,7 +78,8 @@ class AsrdConfig:
     # the LLaDA group): Fast-dLLM's prefix / dual cache refreshed per block, and the prefix cache,
     # dLLM-Cache (K_p = K_r = K) and naive reuse refreshed every K of llada_cache_refresh;
     # dLLM-Cache as released per task (tasks not named: no such row)
-    llada_cache_methods: list[str] = spec(["prefix", "dual", "feature", "naive"], unique=True, registry=LLADA_CACHES)
+    llada_cache_methods: list[str] = spec(["prefix", "dual", "feature", "naive", "dkv", "d2cache"], unique=True,
+                                          registry=LLADA_CACHES)
     llada_cache_refresh: list[int] = spec([2, 3], unique=True, ge=2)  # K = 1 is the base itself
     llada_dllm_cache: dict[str, DllmCacheConfig] = spec(
         {"gsm8k": DllmCacheConfig(50, 7, 0.25), "humaneval": DllmCacheConfig(50, 8, 0.25)})

@@ -350,10 +350,11 @@ class _CROSS_CHECKS:
 
     @staticmethod
     def Params(c: Params, p: str, src: str) -> None:
-        if c.posttrain.cache_methods and c.claims.training_free_comparator not in c.posttrain.cache_methods:
-            raise ConfigError("claims.training_free_comparator", f"must be one of posttrain.cache_methods "
+        missing = [m for m in c.claims.training_free_comparator if m not in c.posttrain.cache_methods]
+        if c.posttrain.cache_methods and missing:
+            raise ConfigError("claims.training_free_comparator", f"each must be one of posttrain.cache_methods "
                               f"({', '.join(c.posttrain.cache_methods)}: the caches Table 1 runs; with none the "
-                              f"comparison is not run), got {c.claims.training_free_comparator!r}", src)
+                              f"comparison is not run), got {', '.join(map(repr, missing))}", src)
         blocks = c.posttrain.canvas_length // c.asrd.block_size
         if c.posttrain.canvas_length % c.asrd.block_size or c.asrd.dg_steps % blocks:
             raise ConfigError("asrd.dg_steps", f"DiffusionGemma's canvas (posttrain.canvas_length {c.posttrain.canvas_length}) must split into "

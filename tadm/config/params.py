@@ -30,9 +30,10 @@ class ClaimsConfig:
     # several findings resting on one trained checkpoint, tested at once: "holm" (Holm's step-down
     # over each family's p-values, each side alike) or "none" (each finding alone)
     family_rule: Literal["holm", "none"] = "holm"
-    # the training-free cache TADM:Post-train is judged against (one of posttrain.cache_methods),
-    # named before the run rather than picked as the most accurate after it
-    training_free_comparator: str = spec("feature", nonempty=True, registry=DG_CACHES)
+    # the training-free caches TADM:Post-train is judged against (each one of posttrain.cache_methods),
+    # named before the run rather than picked as the most accurate after it: one finding per cache,
+    # the findings one Holm family ("training_free", declared in the claims catalog)
+    training_free_comparator: list[str] = spec(["naive", "feature"], nonempty=True, unique=True, registry=DG_CACHES)
     # power declared before the effect is read: a finding whose minimum detectable effect at this
     # run's n (from its se, never its effect) exceeds its target -- the equivalence margin, the
     # paper's effect of a direction finding (else the metric's margin), the margin plus the paper's

@@ -27,7 +27,7 @@ model's Linear weights are cast to bf16 once (`runtime.cast_for_autocast`), so n
 re-casts a weight; the tokens are those of per-call autocast of fp32 weights, bit for bit (fp32
 runs are untouched). With runtime.cuda_graphs on a CUDA device the pieces called with fixed
 shapes at every step (DiT blocks, TADM's fusion, the conditioning vectors, ADLM's full-canvas
-anchor head and input map) replay CUDA graphs (`runtime.cuda_graph_forwards`); off CUDA the
+anchor head and input map) replay CUDA graphs (`tadm.cuda_graphs.cuda_graph_forwards`); off CUDA the
 setting is ignored with a one-line note. Neither changes a record's fields.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from tadm import runtime
+from tadm import cuda_graphs, runtime
 from tadm.config import Params
 from tadm.errors import ConfigError, DataError
 from tadm.io import atomic_path, atomic_write_json, sha256_tree
@@ -138,7 +138,7 @@ def prepare_model(model, params: Params, d: runtime.Dist):
 
         compile_blocks(model)
     setting = params.runtime.cuda_graphs
-    note = runtime.cuda_graphs_note(setting, d.device)
+    note = cuda_graphs.cuda_graphs_note(setting, d.device)
     if note is not None:
         if note not in _NOTED:
             _NOTED.add(note)
@@ -146,7 +146,7 @@ def prepare_model(model, params: Params, d: runtime.Dist):
         return model, None
     if not setting:
         return model, None
-    return model, runtime.cuda_graph_forwards(graphed_pieces(model), d.device)
+    return model, cuda_graphs.cuda_graph_forwards(graphed_pieces(model), d.device)
 
 
 def batch_sizes(num_samples: int, batch_size: int) -> list[int]:

@@ -1,6 +1,7 @@
 """Table 1 as a table, from results/table1.json: the pandas frame (one line per task and method,
-:func:`frame`), its Markdown with the notes under it (paper_figures/table1.md, :func:`to_markdown`)
-and the figures of metrics/table1.json (:func:`metrics_dict`)."""
+:func:`frame`), each family's AUP over its settings (:func:`aup_frame`), its Markdown with the
+notes under it (paper_figures/table1.md, :func:`to_markdown`) and the figures of
+metrics/table1.json (:func:`metrics_dict`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import statistics
 
 from tadm.errors import DataError
 from tadm.experiments.table1_stats import trained_row
+from tadm.metrics import aup as aup_score
 from tadm.registry import DG_CACHES
 
 MATCHED = 0.01  # a cache row is at TADM's budget when their compute columns differ by at most this
@@ -40,6 +42,9 @@ def frame(results: dict):
     import pandas as pd
 
     lines, order_of = [], families()
+    _require(results, ("canvas_length", "steps"))
+    # the leaderboard's tokens per forward: every row decodes a canvas in the sampler's fixed steps
+    tpf = aup_score.tokens_per_forward(results["canvas_length"], results["steps"])
     for task, r in results["tasks"].items():
         _require(r, ("between_run",))
         base = r["methods"]["Base"]
@@ -84,11 +89,57 @@ def frame(results: dict):
                           "tokens_per_s": m["tokens_per_s"],
                           "throughput_x": speedup, "throughput_se": speedup_se,
                           "layer_calls": m["layer_calls"], "compute_x": compute,
+                          # tokens per full-model-equivalent forward: the base runs every layer per call
+                          "tokens_per_forward": tpf, "rho_equivalent": tpf / compute,
                           "flop_bound_x": bound, "measured_over_bound": speedup / bound,
                           "decoder_share": statistics.median(m["decoder_seconds"]) / statistics.median(m["seconds"]),
                           "decoder_speedup_x": dec_speedup, "decoder_bound_x": dec_bound,
                           "decoder_measured_over_bound": dec_speedup / dec_bound})
     return pd.DataFrame(lines)
+
+
+def aup_frame(df):
+    """AUP (`tadm.metrics.aup`, the d3LLM leaderboard's score) of every Table 1 family with at least
+    two settings (its K's), per task: over tokens per forward (the leaderboard's rho) and over
+    tokens per full-model-equivalent forward (this project's reading, which sees a cache's cheaper
+    forwards); y_max the task's best row (the base included), y a row's accuracy."""
+    import pandas as pd
+
+    lines = []
+    for task in dict.fromkeys(df.task):
+        t = df[df.task == task]
+        y_max = float(t.accuracy.max())
+        for family in dict.fromkeys(t.family):
+            f = t[t.family == family]
+            if len(f) < 2:
+                continue
+            ys = [float(y) for y in f.accuracy]
+            score = {rho: (aup_score.aup([float(x) for x in f[rho]], ys, y_max) if y_max > 0 else None)
+                     for rho in ("tokens_per_forward", "rho_equivalent")}
+            lines.append({"task": task, "family": family, "settings": "/".join(f"K={int(k)}" for k in f.refresh_every),
+                          "y_max": y_max, "aup_tpf": score["tokens_per_forward"], "aup_equivalent": score["rho_equivalent"],
+                          "unscored": aup_score.unscored_reason(list(f.rho_equivalent), ys) or ""})
+    return pd.DataFrame(lines, columns=["task", "family", "settings", "y_max", "aup_tpf", "aup_equivalent", "unscored"])
+
+
+def _aup_cell(v) -> str:
+    return "not scored" if v is None or v != v else f"{v:.1f}"
+
+
+def _aup_markdown(df) -> str:
+    a = aup_frame(df)
+    if not len(a):
+        return ""
+    rows = "".join(f"| {r.task} | {r.family} | {r.settings} | {_aup_cell(r.aup_tpf)} | {_aup_cell(r.aup_equivalent)} |\n"
+                   for r in a.itertuples())
+    return ("\n**AUP** (accuracy under parallelism, the d3LLM leaderboard's score; `tadm.metrics.aup`, its constants "
+            f"alpha = {aup_score.ALPHA:g}, offset = {aup_score.OFFSET:g}; docs/glossary.md) of each family with two "
+            "settings or more, y_max the task's best row. Tokens per forward is the leaderboard's axis: here every row "
+            "decodes a canvas in the sampler's fixed steps, so it is the same for all, every trapezoid has zero width "
+            "and the score is that rho times the accuracy at the family's first setting; tokens per full-model-equivalent forward (layer calls / layers, this project's reading) sees a "
+            "cache's or TADM's cheaper forwards.\n\n"
+            "| Task | Family | Settings | AUP (tokens per forward) | AUP (tokens per full-model-equivalent forward) |\n"
+            "|---|---|---|---|---|\n" + rows)
 
 
 def speed_cell(v: float, se: float | None) -> str:
@@ -189,7 +240,7 @@ def to_markdown(df) -> str:
             + "Fast-dLLM's prefix KV cache is built into every row: DiffusionGemma's causal encoder writes the K/V of the prompt and of "
             "finished canvases once per canvas and the denoising steps only read them (exact here, as the base is "
             "block-causal), so *TADM + prefix cache* is the TADM row, and Fast-dLLM's dual cache has no suffix to act "
-            "on.\n")
+            "on.\n" + _aup_markdown(df))
     return head + body + note
 
 
@@ -210,6 +261,11 @@ def metrics_dict(df) -> dict:
         out.update({f"{key}_accuracy": round(r.accuracy, 3), **deltas, f"{key}_throughput_x": round(r.throughput_x, 4),
                     f"{key}_compute_x": round(r.compute_x, 4), f"{key}_measured_over_bound": round(r.measured_over_bound, 4),
                     f"{key}_decoder_measured_over_bound": round(r.decoder_measured_over_bound, 4)})
+    for r in aup_frame(df).itertuples():
+        for rho in ("tpf", "equivalent"):
+            v = getattr(r, f"aup_{rho}")
+            if v is not None and v == v:
+                out[f"{r.task}_{r.family}_aup_{rho}"] = round(v, 3)
     for task in dict.fromkeys(df.task):
         b = df[df.task == task].iloc[0]
         if b.between_var == b.between_var:

@@ -41,6 +41,7 @@ import contextlib
 import dataclasses
 import hashlib
 import re
+import unicodedata
 from collections import defaultdict
 from pathlib import Path
 
@@ -248,9 +249,10 @@ def default_model_dir(model_args: dict) -> str | None:
 
 
 def slug(label: str) -> str:
-    """A row label as a model argument: lower case, runs of other characters as one '-'
-    ("Fast-dLLM prefix cache K=4" -> "fast-dllm-prefix-cache-k-4")."""
-    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+    """A row label as a model argument: NFKC-normalised (d² -> d2), lower case, runs of other
+    characters as one '-' ("Fast-dLLM prefix cache K=4" -> "fast-dllm-prefix-cache-k-4",
+    "d²Cache (as released)" -> "d2cache-as-released")."""
+    return re.sub(r"[^a-z0-9]+", "-", unicodedata.normalize("NFKC", label).lower()).strip("-")
 
 
 SEED_MAX = 2 ** 63 - 1

@@ -388,7 +388,12 @@ def _train(name: str, p: Params, d: Dist, data_dir: Path, meta: dict, data: tupl
            paths: RunPaths, log, restart: bool, command: str, checkpoint_heads: bool = True) -> dict:
     """:func:`train`'s body, run under the lock of the run's directory (`paths`) on the data
     `train` opened (`meta`: the pack manifest's counts; `data`: the train and validation splits;
-    `checkpoint_heads`: the memory check's answer, Method.checkpoint_heads)."""
+    `checkpoint_heads`: the memory check's answer, Method.checkpoint_heads).
+
+    One function on purpose (nanoGPT's shape): build, resume, then the loop -- the step, the
+    logged / validated / checkpointed steps, the release -- read top to bottom, so the order of
+    its effects (the generators seeded per micro-batch, the host syncs, the checkpoint writes)
+    is visible in one place; its syntax is also part of every run's fingerprint."""
     method = get_method(name, p)
     method.checkpoint_heads = checkpoint_heads
     method.compile_heads = COMPILE_BACKEND if p.runtime.compile else None  # each readout chunk compiled

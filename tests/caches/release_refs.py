@@ -249,10 +249,13 @@ def _rollout_step(rollout: Tensor, effective: Tensor) -> Tensor:
 
 @torch.no_grad()
 def ref_vanilla_d2cache(model, prompt: Tensor, gen: int, block: int, rollout_p: float, current_k: int, sigma: float,
-                        inflate_w: int, pad: Tensor | None = None, shifted: bool = False) -> tuple[Tensor, list[Tensor]]:
+                        inflate_w: int, pad: Tensor | None = None, shifted: bool = False,
+                        prior: float | None = None) -> tuple[Tensor, list[Tensor]]:
     """The release's vanilla loop with d²Cache on the prompts (B, P): `pad` (B, P + gen) bool
     (True at a token) masks pad keys; `shifted` places positions by the padding (the release's
-    LLaDA: cumsum - 1, pads at 0) instead of 0..T-1. Returns (the canvas, each pass's row set
+    LLaDA: cumsum - 1, pads at 0) instead of 0..T-1; `prior`: the decoder's certainty prior
+    (generation.sigma: the pick ranks confidence x certainty density of the decided positions,
+    vanilla.py's generate_step), None: confidence alone. Returns (the canvas, each pass's row set
     (B, T) bool after the top-up)."""
     mask_id = model.mask_id
     b, p = prompt.shape
@@ -310,7 +313,8 @@ def ref_vanilla_d2cache(model, prompt: Tensor, gen: int, block: int, rollout_p: 
             remaining_before = x[:, p:] == mask_id
             confidence = torch.where(remaining_before, conf, -torch.inf)
             candidates = remaining_before & block_mask
-            picked = torch.topk(torch.where(candidates, confidence, -torch.inf), k=1, dim=-1).indices
+            ranked = confidence if prior is None else confidence * ref_certainty_density(~remaining_before, prior)
+            picked = torch.topk(torch.where(candidates, ranked, -torch.inf), k=1, dim=-1).indices
             new_x = x.clone()
             new_x[torch.arange(b).unsqueeze(-1), p + picked] = torch.gather(x0, 1, picked)
             # on_step_end

@@ -13,6 +13,7 @@ from tadm.asrd.decode import DecodeSettings, decode
 from tadm.caches import llada as C
 from tadm.caches.catalog import CacheSpec
 from tadm.errors import ConfigError
+from tadm.registry import LLADA_CACHES
 from tadm.models import llada
 
 P, G, BLOCK = 6, 12, 4  # prompt rows (left-padded in row 1), generated rows, semi-AR block
@@ -389,7 +390,7 @@ def _paper():
 
 @pytest.mark.parametrize("key, value, expected", [
     ("llada_cache_methods", ["prefix", "kv"],
-     "asrd.llada_cache_methods[1]: no LLaDA cache 'kv' is registered (known: prefix, dual, feature, naive, dkv)"),
+     "asrd.llada_cache_methods[1]: no LLaDA cache 'kv' is registered (known: " + ", ".join(LLADA_CACHES.names()) + ")"),
     ("llada_cache_methods", ["naive", "naive"], "asrd.llada_cache_methods: must not repeat a value"),
     ("llada_cache_refresh", [2, 1], "asrd.llada_cache_refresh[1]: must be >= 2, got 1"),
     ("llada_cache_refresh", [3, 3], "asrd.llada_cache_refresh: must not repeat a value"),
@@ -421,10 +422,19 @@ def test_the_paper_profile_lists_the_cache_rows():
     assert cached == ["Fast-dLLM prefix cache (per block)", "Fast-dLLM dual cache (per block)",
                       "Fast-dLLM prefix cache K=2", "Fast-dLLM prefix cache K=3",
                       "dLLM-Cache (K_p=50, K_r=8, rho=0.25)", "dLLM-Cache K=2", "dLLM-Cache K=3",
-                      "Naive reuse K=2", "Naive reuse K=3"]
+                      "Naive reuse K=2", "Naive reuse K=3", "dKV-Cache-Decode R=2", "dKV-Cache-Decode R=8",
+                      "d²Cache (as released)"]
+    prior = "Low-confidence + certainty prior (sigma=10, one block)"  # d²Cache's decoder, without its cache
+    assert list(rows).index(prior) == list(rows).index("d²Cache (as released)") - 1 and rows[prior].cache is None
+    assert rows[prior].base == BASELINE and rows[prior].settings == rows[BASELINE].settings.replace(
+        block_size=None, certainty_sigma=10.0)
     for label in cached:
         v = rows[label]
-        assert v.settings == rows[v.base].settings and v.settings.block_size == p.asrd.llada_block_size
+        assert v.settings == rows[v.base].settings
+        if label.startswith("d²Cache"):  # as released: its prior over one block, one token a step
+            assert v.base == prior and v.settings.block_size is None and v.settings.certainty_sigma == 10.0
+            continue
+        assert v.settings.block_size == p.asrd.llada_block_size and v.settings.certainty_sigma is None
         assert v.base == (ASRD_BASE if "per block" in label else BASELINE)
     assert rows["Fast-dLLM dual cache (per block)"].cache == CacheSpec("dual")
     assert rows["dLLM-Cache K=3"].cache == CacheSpec("feature", 3, 3, 0.25)
@@ -435,6 +445,9 @@ def test_the_paper_profile_lists_the_cache_rows():
     kinds = {label: type(rows[label].cache.build(model)).__name__ for label in cached}
     assert kinds["Fast-dLLM dual cache (per block)"] == "LladaPrefixCacheBackend" and rows[cached[1]].cache.build(model).dual
     assert kinds["dLLM-Cache K=2"] == "LladaFeatureCacheBackend" and kinds["Naive reuse K=3"] == "LladaNaiveReuseBackend"
+    d2 = rows["d²Cache (as released)"].cache.build(model)
+    assert type(d2).__name__ == "LladaD2CacheBackend" and (d2.rollout_p, d2.current_k, d2.sigma, d2.inflate_w) == (
+        0.1, 32, 10.0, 0)  # Kamichanw/d2Cache's configs/gen_args.py
     assert rows["Fast-dLLM prefix cache (per block)"].cache.build(model).budget_x is None
     assert rows["Naive reuse K=2"].cache.build(model).budget_x == pytest.approx(C.tadm_share(4, 2))
 

@@ -9,6 +9,7 @@ import torch
 
 from tadm.asrd.decode import DecodeSettings, decode
 from tadm.caches.llada import d2cache as D
+from tadm.errors import ConfigError
 from tadm.models import llada
 from tests.caches.release_refs import ref_certainty_density, ref_vanilla_d2cache
 
@@ -93,6 +94,38 @@ def test_d2cache_matches_release(model, name, batch):
         for i, (got, want) in enumerate(zip(backend.passes, ref_passes)):
             assert torch.equal(got, want), (seed, i, got.int(), want.int())
         assert r.counters.refreshes == 1 and backend.passes[0].all() and not backend.passes[-1].all()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_row_as_released_decodes_with_the_certainty_prior_like_the_release(model, batch):
+    """The LLaDA group's d²Cache row: the release's cache settings (`D2CACHE_RELEASE`) and its
+    decoder (confidence x certainty density with the same sigma, one block over the region, one
+    token a step: `DecodeSettings.certainty_sigma`): the release's tokens and row sets."""
+    from tadm.caches.catalog import D2CACHE_RELEASE as R
+
+    for seed in range(3):
+        ids, pad = prompts(batch, seed)
+        ref, ref_passes = ref_vanilla_d2cache(model, ids, G, G, R["rollout_p"], R["current_k"], R["sigma"],
+                                              R["inflate_w"], pad=pad if batch > 1 else None, prior=R["sigma"])
+        backend = Recording(model, **R)
+        canvas = torch.cat([ids, torch.full((batch, G), model.mask_id)], dim=1)
+        backend.set_padding(pad)
+        r = decode(backend, canvas, torch.arange(N) >= P,
+                   DecodeSettings(method="low-confidence", steps=G, certainty_sigma=R["sigma"]))
+        assert torch.equal(r.tokens, ref), (seed, r.tokens[:, P:], ref[:, P:])
+        for i, (got, want) in enumerate(zip(backend.passes, ref_passes)):
+            assert torch.equal(got, want), (seed, i)
+    # the prior decides the order: at a narrow sigma the first pick is the position next to the prompt
+    backend = Recording(model, **R)
+    ids, pad = prompts(1)
+    canvas = torch.cat([ids, torch.full((1, G), model.mask_id)], dim=1)
+    backend.set_padding(pad)
+    seen: list = []
+    decode(backend, canvas, torch.arange(N) >= P, DecodeSettings(method="low-confidence", steps=G, certainty_sigma=0.5),
+           callback=seen.append)
+    assert seen[0].committed[0, P] and int(seen[0].committed.sum()) == 1
+    with pytest.raises(ConfigError, match=r"asrd.certainty_sigma: must be None or > 0, got 0.0"):
+        DecodeSettings(certainty_sigma=0.0)
 
 
 def test_shifted_positions_effect(model):

@@ -12,7 +12,7 @@ import pytest
 
 from tadm import config
 from tadm.experiments import claims as C
-from tadm.experiments.claims.evidence import _speed_condition
+from tadm.experiments.claims.evidence import speed_condition
 
 R = C.Rules()  # z 2, 90 % equivalence interval (1.645 se), power 0.8
 
@@ -135,11 +135,11 @@ def test_underpowered_is_decided_from_the_se_before_the_effect_is_read():
 def test_a_speed_finding_is_reproduced_only_inside_its_flop_bound_band():
     def speed(ratio, mb):
         c = C.Claim("s", "s", "", C.DIRECTION, value=ratio - 1, se=0.02, paper_value=0.73, speed=True)
-        _speed_condition(c, R, "the paper's: 0.71")
+        speed_condition(c, R, "the paper's: 0.71")
         if mb is not None:
             c.conditions.clear()
             c.extra["measured_over_bound"] = mb
-            _speed_condition(c, R, "")
+            speed_condition(c, R, "")
         C.decide([c], R)
         return c
 
@@ -149,7 +149,7 @@ def test_a_speed_finding_is_reproduced_only_inside_its_flop_bound_band():
     assert speed(1.9, 1.4).verdict == C.INCONCLUSIVE  # the baseline pays what the bound does not count
     assert speed(0.8, 1.0).verdict == C.CONTRADICTED  # slower: contradicted whatever the band
     c = C.Claim("s", "s", "", C.DIRECTION, value=0.97, se=0.02, paper_value=0.73, speed=True)
-    _speed_condition(c, R, "")  # no bound counted: never reproduced
+    speed_condition(c, R, "")  # no bound counted: never reproduced
     C.decide([c], R)
     assert c.verdict == C.INCONCLUSIVE
     # an unmet counted fact (the sweep's compute) contradicts whatever the test says
@@ -595,8 +595,13 @@ def test_every_table1_task_enters_the_post_train_findings_pooled_and_per_task(t1
     # three fusion runs each: the pooled between-run variance enters both, the control's side too
     assert base.df == control.df == 3 * (3 - 1)  # TADM K = 2, K = 3 and the control, 3 runs each
     assert base.training_arms == (3, 0) and control.training_arms == (3, 3) and control.se > base.se
-    free = got["fusion_vs_training_free"]
+    # one finding per cache of claims.training_free_comparator, in its order, one declared Holm family
+    free, naive = got["fusion_vs_feature"], got["fusion_vs_naive"]
+    assert [c for c in got if c.startswith("fusion_vs_")] == ["fusion_vs_naive", "fusion_vs_feature"]
     assert "`feature`" in free.claim and "K = 3 vs Feature cache K=3" in free.shown and "K = 2:" in free.notes
+    assert "`naive`" in naive.claim and "K = 3 vs Naive reuse K=3" in naive.shown
+    assert {c.extra["family"] for c in (free, naive)} == {"training_free"}
+    assert free.extra["family_size"] == naive.extra["family_size"] == 2
     thr = got["posttrain_throughput"]
     assert thr.value == pytest.approx(1 / 0.6 - 1) and "arithmetic: 1.67x" in thr.shown and "gsm8k" in thr.shown
     assert "measured / FLOP-bound 1.00" in thr.shown and "lies inside the paper's range (1.49x-1.79x)" in thr.notes
@@ -622,11 +627,13 @@ def test_post_train_accuracy_verdicts_follow_the_fusion_runs_spread(t1_dir):
     got = {c.id: c for c in C.claims(C.read_inputs(p, root))}
     assert got["posttrain_accuracy_vs_base"].verdict == C.CONTRADICTED
     assert got["posttrain_accuracy_vs_control"].verdict == C.REPRODUCED
-    assert got["fusion_vs_training_free"].verdict == C.CONTRADICTED
-    # the comparator is the one params name, not the best row after the run
-    q = config.override(p, {"claims.training_free_comparator": "naive"})
+    assert got["fusion_vs_feature"].verdict == C.CONTRADICTED
+    assert got["fusion_vs_naive"].verdict == C.REPRODUCED  # naive reuse at 0 %: each cache is its own finding
+    # the comparators are the ones params name, not the best row after the run
+    q = config.override(p, {"claims.training_free_comparator": ["naive"]})
     got = {c.id: c for c in C.claims(C.read_inputs(q, root))}
-    assert "Naive reuse K=3" in got["fusion_vs_training_free"].shown and got["fusion_vs_training_free"].verdict == C.REPRODUCED
+    assert "fusion_vs_feature" not in got and got["fusion_vs_naive"].extra["family_size"] == 1
+    assert "Naive reuse K=3" in got["fusion_vs_naive"].shown and got["fusion_vs_naive"].verdict == C.REPRODUCED
 
 
 def _throughput(root, ratio, se, bound, batch1=None):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tadm import config, runtime
+from tadm import config, cuda_graphs, runtime
 from tadm.errors import ConfigError
 from tadm.experiments import sampling
 from tadm.models import build_model
@@ -47,10 +47,10 @@ def replay_capture(forward, args, kwargs, pool):
 
 
 def test_off_cuda_the_setting_is_a_note_and_the_wrapper_refuses():
-    assert runtime.cuda_graphs_note(False, runtime.CPU) is None
-    assert runtime.cuda_graphs_note(True, runtime.CPU).startswith("runtime.cuda_graphs: ignored on cpu")
+    assert cuda_graphs.cuda_graphs_note(False, runtime.CPU) is None
+    assert cuda_graphs.cuda_graphs_note(True, runtime.CPU).startswith("runtime.cuda_graphs: ignored on cpu")
     with pytest.raises(ConfigError, match="runtime.cuda_graphs"):
-        runtime.cuda_graph_forwards([torch.nn.Linear(2, 2)], runtime.CPU)
+        cuda_graphs.cuda_graph_forwards([torch.nn.Linear(2, 2)], runtime.CPU)
 
 
 def test_prepare_model_notes_once_and_samples_eager_on_the_cpu(tmp_path, capsys, monkeypatch):
@@ -78,8 +78,8 @@ def test_replayed_pieces_give_the_eager_tokens_and_counts(kind, K):
 
     eager = run()
     pieces = sampling.graphed_pieces(model)
-    handle = runtime.cuda_graph_forwards(pieces, runtime.CPU, capture=replay_capture)
-    assert runtime.cuda_graph_forwards(pieces, runtime.CPU, capture=replay_capture).graphs == 0  # not wrapped twice
+    handle = cuda_graphs.cuda_graph_forwards(pieces, runtime.CPU, capture=replay_capture)
+    assert cuda_graphs.cuda_graph_forwards(pieces, runtime.CPU, capture=replay_capture).graphs == 0  # not wrapped twice
     graphed = run()
     assert torch.equal(graphed.tokens, eager.tokens)
     assert graphed.counters.as_dict() == eager.counters.as_dict()  # the counting hooks still ran
@@ -101,7 +101,7 @@ def test_replayed_pieces_give_the_eager_tokens_and_counts(kind, K):
 
 def test_pieces_run_eager_while_autograd_records():
     model = _model("mdlm")
-    handle = runtime.cuda_graph_forwards(sampling.graphed_pieces(model), runtime.CPU, capture=replay_capture)
+    handle = cuda_graphs.cuda_graph_forwards(sampling.graphed_pieces(model), runtime.CPU, capture=replay_capture)
     z = torch.randint(0, V + 1, (2, L))
     out = model.hidden(z)
     out.sum().backward()  # training-style calls bypass the graphs (and keep their autograd graph)
@@ -115,7 +115,7 @@ def test_an_output_kept_across_calls_is_not_overwritten_by_the_next_replay():
     """A graph writes every replay into the same static output: callers that keep an output
     (the anchor cache, ddpm_cache's hidden states) get their own copy."""
     lin = torch.nn.Linear(4, 4)
-    runtime.cuda_graph_forwards([lin], runtime.CPU, capture=replay_capture)
+    cuda_graphs.cuda_graph_forwards([lin], runtime.CPU, capture=replay_capture)
     with torch.inference_mode():
         x1, x2 = torch.randn(2, 4), torch.randn(2, 4)
         first = lin(x1)

@@ -44,7 +44,8 @@ def test_no_cache_rows_when_none_are_asked_for(posttrain_workspace, tmp_path):
     p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": [], "posttrain.refresh_every": [2]}))
     methods, _ = table1.build_methods(p, posttrain_workspace, control=False)
     assert [m.label for m in methods] == ["Base", "TADM K=2"]
-    p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": ["feature"], "posttrain.refresh_every": [1, 4],
+    p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": ["feature"], "claims.training_free_comparator": ["feature"],
+                                          "posttrain.refresh_every": [1, 4],
                                           "posttrain.feature_cache_share": 0.5}))
     methods, _ = table1.build_methods(p, posttrain_workspace, control=False)
     assert [m.label for m in methods] == ["Base", "TADM K=1", "TADM K=4", "Feature cache K=4"]

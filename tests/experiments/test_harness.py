@@ -228,10 +228,28 @@ def test_llada_rows_decode_a_padded_batch_as_each_prompt_alone(llada_params, var
     assert lm.get_model_info()["tadm_family"] == "llada"
 
 
+@pytest.mark.parametrize("variant", ["d2cache-as-released", "dkv-cache-decode-r-2"])
+def test_the_cited_caches_run_as_llada_rows(llada_params, variant):
+    """d²Cache (its certainty-prior decoder over one block, the release's cache settings) and
+    dKV-Cache-Decode through the harness model: every prompt gets its 8 generated positions, on
+    the row's own cache backend."""
+    from tadm.harness.model import TadmLM
+
+    lm = TadmLM(row="llada", variant=variant, params=str(llada_params), device="cpu", batch_size=3)
+    prompts = ["the cat sat on the mat and the dog ran fast", "one two", "dog ran slow on the mat", "the dog"]
+    out = lm.generate_until([_Request(q, {"until": [], "max_gen_toks": 999}, i) for i, q in enumerate(prompts)],
+                            disable_tqdm=True)
+    assert len(out) == 4 and all(isinstance(t, str) for t in out) and set(lm.timed) == {8}
+    assert type(lm.engine.backend).__name__ == ("LladaD2CacheBackend" if variant.startswith("d2") else "LladaDkvBackend")
+    if variant.startswith("d2"):
+        assert lm.engine.variant.settings.certainty_sigma == 10.0 and lm.engine.variant.settings.block_size is None
+
+
 def test_llada_row_refusals(llada_params, workspace, monkeypatch):
     from tadm.harness.model import TadmLM, slug
 
     assert slug("Fast-dLLM prefix cache K=4") == "fast-dllm-prefix-cache-k-4"
+    assert slug("d²Cache (as released)") == "d2cache-as-released"
     for bad, name in [({"variant": "nope"}, "model_args.variant"), ({"variant": "asrd", "K": 2}, "model_args.K")]:
         with pytest.raises(ConfigError) as e:
             TadmLM(row="llada", params=str(llada_params), device="cpu", **bad)

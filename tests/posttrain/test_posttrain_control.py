@@ -5,6 +5,7 @@ itself; the control's fusion reads the current shallow state and so fine-tunes l
 and Table 1 reports TADM's delta against it (anchor reuse alone) beside the delta vs the base."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def results(control: bool = True):
                "TADM K=1": _row([20.0, 22.0, 24.0], k=1), "TADM K=2": _row([29.0, 31.0, 33.0], 150.0, 200, k=2)}
     if not control:
         del methods[table1.CONTROL]
-    return stats({"tasks": {"arithmetic": {"n": 10, "methods": methods}}})
+    return stats({"steps": 12, "canvas_length": 8, "tasks": {"arithmetic": {"n": 10, "methods": methods}}})
 
 
 def _paired_se(m, ref) -> float:
@@ -170,7 +171,8 @@ def test_the_claims_read_the_same_differences_as_table1(tmp_path):
     k2, feature = methods["TADM K=2"], methods["Feature cache K=2"]
     assert got["posttrain_accuracy_vs_control"].value == pytest.approx(k2["delta_vs_control"])
     assert got["posttrain_accuracy_vs_base"].value == pytest.approx(k2["delta_vs_base"])
-    assert got["fusion_vs_training_free"].value == pytest.approx(-feature["delta_vs_tadm"])
+    assert got["fusion_vs_feature"].value == pytest.approx(-feature["delta_vs_tadm"])
+    assert got["fusion_vs_naive"].verdict == C.NOT_RUN  # no naive row in this Table 1
 
 
 def test_the_cli_trains_the_control_and_hands_the_flag_to_torchrun(monkeypatch):
@@ -179,7 +181,7 @@ def test_the_cli_trains_the_control_and_hands_the_flag_to_torchrun(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(runtime, "relaunch", lambda n, argv: (seen.update(argv=argv), True)[1])
-    monkeypatch.setattr(cli, "_params", lambda args: params(**{"runtime.nproc": 2}))
+    monkeypatch.setattr(cli.common, "load_params", lambda args: params(**{"runtime.nproc": 2}))
     assert cli.main(["dg-posttrain", "--fresh-anchor"]) == 0
     assert seen["argv"][-3:] == ["--sft", "data/sft", "--fresh-anchor"]
     monkeypatch.setattr(runtime, "relaunch", lambda n, argv: False)
@@ -198,6 +200,28 @@ def test_throughput_is_the_median_over_full_batches_of_every_seed():
     assert out["tokens_per_s"] == pytest.approx(16 * 32 / 3.0)  # median of 2.0, 2.5, 3.5, 4.0
     alone = throughput([(3, 1.5, 1.0)], tokens_per_prompt=32)  # a task smaller than one batch
     assert alone["seconds"] == [1.5] and alone["tokens_per_s"] == pytest.approx(3 * 32 / 1.5)
+
+
+def test_aup_of_each_family_with_two_settings_against_the_leaderboard_formula():
+    """Table 1's AUP block: the TADM family (K = 1, 2) is scored, single-setting rows are not; over
+    tokens per forward (the same for every row: the score is rho y_1) and over tokens per
+    full-model-equivalent forward (rho / compute), against the closed form of the release's rule."""
+    df = table1_render.frame(results())
+    a = table1_render.aup_frame(df)
+    assert list(a.family) == ["tadm"] and a.iloc[0].settings == "K=1/K=2" and a.iloc[0].y_max == pytest.approx(32.0)
+    tpf = 8 / 12  # canvas_length / steps
+    w = lambda y: min(math.exp(-3.0 * (1 - y / 32.0)), 1.0)  # noqa: E731
+    # K = 1: accuracy 22 at rho tpf; K = 2: 31 at 1.5 tpf (two thirds of the base's layer calls)
+    assert a.iloc[0].aup_equivalent == pytest.approx(tpf * 22 + 0.5 * tpf * (31 * w(31) + 22 * w(22)) / 2)
+    assert a.iloc[0].aup_tpf == pytest.approx(tpf * 22)
+    md = table1_render.to_markdown(df)
+    assert "| arithmetic | tadm | K=1/K=2 | " in md and "**AUP**" in md
+    metrics = table1_render.metrics_dict(df)
+    assert metrics["arithmetic_tadm_aup_equivalent"] == pytest.approx(a.iloc[0].aup_equivalent, abs=1e-3)
+    r = results()
+    del r["canvas_length"]
+    with pytest.raises(DataError, match="canvas_length"):  # written by an older tadm
+        table1_render.frame(r)
 
 
 def test_the_table_shows_each_method_s_paired_speed_up():

@@ -123,7 +123,7 @@ def test_the_cli_hands_the_replicate_to_torchrun_and_to_the_trainer(monkeypatch)
     from tadm import cli, runtime
 
     seen = {}
-    monkeypatch.setattr(cli, "_params", lambda args: config.from_dict(raw(**{"runtime.nproc": 2})))
+    monkeypatch.setattr(cli.common, "load_params", lambda args: config.from_dict(raw(**{"runtime.nproc": 2})))
     monkeypatch.setattr(runtime, "relaunch", lambda n, argv: (seen.update(argv=argv), True)[1])
     assert cli.main(["dg-posttrain", "--fresh-anchor", "--replicate", "1"]) == 0
     assert seen["argv"][-5:] == ["--sft", "data/sft", "--fresh-anchor", "--replicate", "1"]
@@ -155,7 +155,7 @@ def test_the_table1_keys_are_checked():
     p = config.from_dict(raw())
     q = config.override(p, {"posttrain.replicates": 5, "posttrain.val_every": 9, "posttrain.val_canvases": 3,
                             "posttrain.cache_seeds": [0, 7], "posttrain.replicate_refresh_every": [2],
-                            "posttrain.cache_methods": ["naive"], "claims.training_free_comparator": "naive"})
+                            "posttrain.cache_methods": ["naive"], "claims.training_free_comparator": ["naive"]})
     assert all(k not in pt_train.BASE_KEYS for k in ("replicates", "val_every", "val_canvases"))
     assert set(pt_train.FUSION_IGNORES) >= {"replicates", "val_every", "val_canvases", "cache_seeds",
                                             "replicate_refresh_every"}

@@ -43,25 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tadm.asrd.certainty import certainty_density
 from tadm.caches.llada.base import LladaCacheBackend
 from tadm.caches.llada.block import heads, mlp, put_rows, rotary_at, take_rows
-
-
-def certainty_density(decided: Tensor, sigma: float) -> Tensor:
-    """The release's certainty density of `decided` (B, G) bool: for each position j,
-    sum_u ext[u] g(j - u) / Z over u in [-G, 2G), with g(d) = exp(-d^2 / (2 sigma^2)), ext 1 left
-    of the span, `decided` on it and, right of it, 1 if the last position is decided else 0;
-    Z = sum of g(d) over d in [-3G, 3G) (the release's FFT normalisation)."""
-    b, g = decided.shape
-    device = decided.device
-    u = torch.arange(-g, 2 * g, device=device, dtype=torch.float64)
-    j = torch.arange(g, device=device, dtype=torch.float64)
-    kernel = torch.exp(-((j[:, None] - u[None, :]) ** 2) / (2 * sigma ** 2))  # (G, 3G)
-    d = torch.arange(-3 * g, 3 * g, device=device, dtype=torch.float64)
-    z = torch.exp(-(d ** 2) / (2 * sigma ** 2)).sum()
-    right = decided[:, -1:].to(torch.float64).expand(b, g)
-    ext = torch.cat([torch.ones(b, g, dtype=torch.float64, device=device), decided.to(torch.float64), right], dim=1)
-    return (ext @ kernel.T / z).to(torch.float32)
 
 
 def nucleus(scores: Tensor, top_p: float, allowed: Tensor, min_k: int = 1) -> Tensor:

@@ -167,7 +167,10 @@ def cache_variants(p: Params, rows: list[Variant], task: str | None = None) -> l
     on low-confidence (1 token a step, as dLLM-Cache's release decodes). Each method's rows are its
     registry entry's (`tadm.caches.catalog`): Fast-dLLM's prefix cache per block and every K, its
     dual cache per block, dLLM-Cache as released on `task` (none for a task it does not name) and
-    with K_p = K_r = K, naive reuse every K."""
+    with K_p = K_r = K, naive reuse every K, dKV-Cache-Decode at the release's reload intervals.
+    A row with a decoding prior (d²Cache: `CacheSpec.prior`) decodes as its release does -- low-
+    confidence ranked by confidence x certainty density, one block over the region -- and its
+    reference is that decoder without the cache (`prior_base`, added once per prior)."""
     a = p.asrd
     by = {v.label: v for v in rows}
     released = a.llada_dllm_cache.get(task or "")
@@ -175,9 +178,23 @@ def cache_variants(p: Params, rows: list[Variant], task: str | None = None) -> l
              for row in LLADA_CACHES[name].rows(a.llada_cache_refresh, released)]
     out = []
     for label, spec in sorted(specs, key=lambda row: not row[1].per_block):  # stable: registry order within
+        if spec.prior is not None:
+            ref = prior_base(by[BASELINE], spec.prior)
+            if ref.label not in by:
+                by[ref.label] = ref
+                out.append(ref)
+            out.append(Variant(label, ref.settings, base=ref.label, cache=spec))
+            continue
         base = ASRD_BASE if spec.per_block else BASELINE
         out.append(Variant(label, by[base].settings, base=base, cache=spec))
     return out
+
+
+def prior_base(baseline: Variant, sigma: float) -> Variant:
+    """LLaDA's low-confidence row (`baseline`) with d²Cache's certainty prior (sigma) over one
+    block spanning the region: a cache row with that prior is compared with it."""
+    return Variant(f"Low-confidence + certainty prior (sigma={sigma:g}, one block)",
+                   baseline.settings.replace(block_size=None, certainty_sigma=sigma), base=BASELINE)
 
 
 def llada_plan(p: Params, dist: runtime.Dist | None = None, runner: LladaRunner | None = None,

@@ -47,7 +47,8 @@ inconclusive), the paper's own measured / bound at its settings printed beside (
 finding's other counted conditions (the sweep's compute falling with K) contradict it when unmet.
 
 *Several findings at once* (claims.family_rule "holm"): each finding's family is declared in the
-catalog (``Entry.family``: "pretraining", "posttrain"); within a family each side's p-values
+catalog (``Entry.family``: "pretraining", "posttrain", "training_free" -- TADM:Post-train against
+each cache of claims.training_free_comparator, one finding per cache); within a family each side's p-values
 (reproduced, contradicted) are Holm-adjusted before the level is applied, m the family's declared
 size, whatever a precondition or the power rule removed (those count as p = 1).
 
@@ -103,7 +104,8 @@ The package
 ``claim``          the records: `Entry` (a claim as declared) and `Claim` (as measured and decided)
 ``rules``          the verdict rules, Holm's adjustment, the minimum detectable effect
 ``inputs``         what the claims read (`read_inputs`, `Inputs`)
-``evidence``       one evaluator per shape of evidence, registered by name (`EVIDENCE`)
+``evidence``       the evaluator registry (`EVIDENCE`) and `measure`; the evaluators in
+                   ``evidence_pretrain`` (Table 2, the sweep, staleness) and ``evidence_posttrain`` (Table 1)
 ``catalog``        the paper's claims, one `Entry` each (`CATALOG`), and `evaluate`
 ``preconditions``  what the verdicts rest on
 ``report``         claims.{md,csv}, claims_summary.md, claims_inputs.json (`write`); the first three

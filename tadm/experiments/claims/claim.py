@@ -24,7 +24,8 @@ class Entry:
     figure, the rule that decides it and the evidence (an evaluator of `evidence.EVIDENCE`, by
     name) that measures this run's figure. `claim`, `test` and `source` are format templates:
     ``{T}`` is this profile's budget T = budget x L, ``{claims.<name>}`` a value of params
-    ``claims`` (literal braces doubled)."""
+    ``claims``, ``{comparator}`` the training-free cache of a per-comparator entry (literal braces
+    doubled)."""
 
     id: str
     claim: str
@@ -48,6 +49,11 @@ class Entry:
     speed: bool = False  # a speed finding: judged on its size too (measured / FLOP bound, claims.speed_bound_*)
     # the paper's own measured / bound at its settings, printed beside this run's (speed findings)
     paper_bound: str = ""
+    # one finding per training-free cache of params claims.training_free_comparator: the entry is a
+    # template (``{comparator}`` in its id, claim, test) that `catalog.entries` expands, each copy
+    # naming its cache here
+    per_comparator: bool = False
+    comparator: str = ""
 
 
 @dataclass

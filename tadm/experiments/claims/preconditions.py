@@ -101,6 +101,13 @@ def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
     def gated(test) -> list[str]:
         return [c.id for c in findings if test(c)]
 
+    return _model_lines(inp, gated) + _judge_checks(inp, findings, gated) + _training_variance(inp, findings)
+
+
+def _model_lines(inp: Inputs, gated) -> list[dict]:
+    """Every trained model above its quality line: a diffusion model's validation NELBO at least
+    1 nat below the unigram entropy, the AR model's NLL further below it than every diffusion
+    model's; each gates the findings resting on that model."""
     out = []
     diffusion = [m["below_unigram"] for n, m in inp.train.items() if "below_unigram" in m and m.get("model_type") != "ar"]
     for name, m in inp.train.items():
@@ -114,6 +121,14 @@ def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
                         "shown": f"{m['val_nelbo']:.3f} vs {m['unigram_entropy']:.3f} nats/token: "
                                  f"{m['below_unigram']:.2f} below",
                         "gates": gated(lambda c, model=_model(name): model in c.rests_on)})
+    return out
+
+
+def _judge_checks(inp: Inputs, findings: list[Claim], gated) -> list[dict]:
+    """The trained judge stronger than every model it scores, its sanity checks (MAUVE and Gen PPL
+    on text and shuffled text), and the judge tested on itself: the corruption ladder and its
+    agreement with the AR model (else the rows against word-shuffled text)."""
+    out = []
     e = inp.evaluator
     judged = lambda metrics: gated(lambda c: c.judged_by in metrics)  # noqa: E731
     if e and inp.params.eval.evaluator == "trained":
@@ -152,6 +167,13 @@ def preconditions(inp: Inputs, cs: list[Claim] | None = None) -> list[dict]:
                         "wanted": f"> {cells[top]:.1f} ({top}, the highest of {len(cells)} cells)",
                         "shown": f"{shuffled:.1f} (the rows: {min(cells.values()):.1f}-{cells[top]:.1f})",
                         "gates": judged(("gen_ppl",))})
+    return out
+
+
+def _training_variance(inp: Inputs, findings: list[Claim]) -> list[dict]:
+    """Every comparison of separately trained models has its training variance measured: each
+    compared model trained and drawn at least twice."""
+    out = []
     separate = [c for c in findings if c.extra.get("separately_trained")]
     if separate:
         p = inp.params

@@ -167,8 +167,9 @@ def family_classes(model_type: str) -> tuple[type, type]:
     """(config class, model class) of the family `model_type`: subclasses of `TadmConfig` and
     `TadmPreTrainedModel` named after it (e.g. TADMConfig, TADMModel)."""
     name = model_type.upper()
-    config_cls = type(f"{name}Config", (TadmConfig,), {"model_type": model_type, "__module__": __name__})
-    model_cls = type(f"{name}Model", (TadmPreTrainedModel,), {"config_class": config_cls, "__module__": __name__})
+    home = "tadm.auto"  # the module users meet them through (tadm.auto.classes)
+    config_cls = type(f"{name}Config", (TadmConfig,), {"model_type": model_type, "__module__": home})
+    model_cls = type(f"{name}Model", (TadmPreTrainedModel,), {"config_class": config_cls, "__module__": home})
     return config_cls, model_cls
 
 

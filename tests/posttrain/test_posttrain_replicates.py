@@ -326,7 +326,7 @@ def replicated() -> dict:
                "TADM K=1": _row([20.0, 22.0], k=1),
                "TADM K=2": _row([29.0, 31.0], 150.0, 200, k=2, runs=[[24.0, 26.0], [35.0, 36.0]]),
                "Naive reuse K=2": _row([27.0, 26.0, 28.0, 30.0], 150.0, 200, k=2, family="naive")}
-    return stats({"tasks": {"arithmetic": {"n": 100, "methods": methods}}})
+    return stats({"steps": 12, "canvas_length": 8, "tasks": {"arithmetic": {"n": 100, "methods": methods}}})
 
 
 def test_the_training_term_enters_a_trained_rows_delta_and_not_a_caches_vs_the_base():

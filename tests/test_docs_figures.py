@@ -301,7 +301,7 @@ FIGURES = [
 
     # docs/default-profile.md: what each model learnt
     (DP, "nats below the unigram line, every run",
-     lambda: "| nats below the unigram line after 1000 steps | "
+     lambda: f"| nats below the unigram line after {params('train', 'steps')} steps | "
              + " | ".join(f"{train(r, 'below_unigram'):.2f}" for r in RUNS) + " |"),
     (DP, "the unigram entropy of the validation tokens",
      lambda: f"unigram entropy of the validation tokens {train('mdlm', 'unigram_entropy'):.3f} nats/token"),

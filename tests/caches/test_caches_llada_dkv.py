@@ -215,15 +215,15 @@ def test_the_catalog_rows():
 
 
 def test_dkv_rows_join_the_llada_group_when_listed():
-    """Listed in asrd.llada_cache_methods (not by default), the two rows run on the LLaDA baseline
-    (low-confidence, 1 token a step), in registry order after the other methods' rows."""
+    """Listed in asrd.llada_cache_methods (both profiles list it), the two rows run on the LLaDA
+    baseline (low-confidence, 1 token a step), in registry order after the other methods' rows."""
     from tadm import config
     from tadm.experiments.asrd.llada import llada_variants
     from tadm.experiments.asrd.runner import BASELINE
 
     paper = config.render_profile("paper")
-    assert "dkv" not in paper["asrd"]["llada_cache_methods"]
-    assert "dkv" not in config.render_profile("default")["asrd"]["llada_cache_methods"]
+    assert "dkv" in paper["asrd"]["llada_cache_methods"]
+    assert "dkv" in config.render_profile("default")["asrd"]["llada_cache_methods"]
     p = config.override(config.from_dict(paper), {"asrd.llada_cache_methods": ["dkv", "naive"]})
     every = {v.label: v for v in llada_variants(p, "gsm8k")}
     rows = [label for label, v in every.items() if v.cache is not None]

@@ -26,7 +26,7 @@ those of a single-network masked diffusion model (MDLM); a unit overrides what d
 outside this package compares a method's name: every place that treats methods differently asks
 the unit (``METHODS[run]``, or `tadm.registry.method_for(model_type)` for a loaded network) one
 of the hooks of `Method`.
-``tests/experiments/test_toy_method.py`` runs such a unit, defined in the test file, through
+``tests/experiments/test_contract.py`` runs such a unit, defined in the test file, through
 training, sampling and Table 2 on the micro profile (docs/extending.md).
 """
 

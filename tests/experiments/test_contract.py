@@ -1,6 +1,9 @@
-"""A Table 2 baseline is one unit (tadm.methods): a method defined in this file -- its network, its
-objective, its Table 2 row -- trains, samples and is scored by Table 2 on the micro profile
-without a line of the library changed (docs/extending.md, "A baseline")."""
+"""The unit contract: a method (with its own noise schedule), a sampler and a training-free cache,
+all three defined in this file, reach every place the library derives from its registries --
+training, sampling, Table 2's row (sampled with the toy sampler), Table 1's rows (the toy cache),
+the Auto classes and the model card's example, the step-time model, the compute column, ASRD's
+backend, the claims' labels and comparator findings -- without a line of the library changed
+(docs/extending.md: "A sampler", "A baseline", "A cache method")."""
 
 from __future__ import annotations
 
@@ -16,12 +19,14 @@ from tadm.errors import ConfigError
 from tadm.experiments import sampling, table2
 from tadm.losses import nelbo_from_rows
 from tadm.methods import Method, Row, get_method
+from tadm.registry import DG_CACHES, SAMPLERS
 from tadm.models import count_parameters, load_pretrained
 from tadm.models.base import TadmModel
 from tadm.models.dit import ConditionEmbedder, DiTFinalLayer, DiTStack, token_embedding
 from tadm.schedule import LogLinearSchedule
 from tadm.sampling import SingleNetworkAdapter, make_adapter
 from tadm.sampling.base import method_schedule
+from tadm.sampling.mdlm import MDLMSampler
 from tadm.train.trainer import train
 from tests.conftest import forget_method
 from tests.experiments.conftest import table2_raw
@@ -29,7 +34,8 @@ from tests.experiments.conftest import table2_raw
 
 @pytest.fixture(scope="module")
 def toy():
-    """The unit, defined (and so registered) here; removed again when the module is done."""
+    """The three units, defined (and so registered) here; removed again when the module is done.
+    Yields the method; the sampler and the cache are `ToySampler` and `TOY_CACHE` below."""
 
     class OneBlock(TadmModel):
         """A one-block masked diffusion network, whatever model.mdlm_layers says."""
@@ -70,7 +76,7 @@ def toy():
         title = "Toy (a one-block masked diffusion model)"
         model = OneBlock
         adapter = SingleNetworkAdapter  # one network: hidden(z_t), then its head
-        rows = (Row("toy", "Toy (one block)", "toy", "mdlm"),)
+        rows = (Row("toy", "Toy (one block)", "toy", "toy-sampler"),)  # sampled with the toy sampler
 
         @classmethod
         def noise_schedule(cls, eps=1e-3):
@@ -88,8 +94,28 @@ def toy():
         def layers(cls, m):
             return 1
 
-    yield Toy
-    forget_method("toy")
+    class ToySampler(MDLMSampler):
+        """MDLM's step, counting the steps it takes."""
+
+        names = ("toy-sampler",)
+        steps = 0
+
+        def transition(self, z_t, t, s, active):
+            ToySampler.steps += 1
+            return super().transition(z_t, t, s, active)
+
+    from tadm.caches.catalog import CacheMethod, add_dg_cache
+    from tadm.caches.diffusiongemma.naive import naive_model
+
+    add_dg_cache(CacheMethod("toycache", "Toy cache", naive_model, legend="Toy cache (naive reuse)", marker="d",
+                             description="is naive reuse under another name."))
+    Toy.sampler = ToySampler
+    try:
+        yield Toy
+    finally:
+        forget_method("toy")
+        SAMPLERS.unregister("toy-sampler")
+        DG_CACHES.unregister("toycache")
 
 
 def test_a_method_defined_in_a_test_file_trains_samples_and_is_scored(toy, micro_packed, evaluator_dir, tmp_path):
@@ -127,17 +153,18 @@ def test_a_method_defined_in_a_test_file_trains_samples_and_is_scored(toy, micro
     import tadm  # noqa: F401  (the Auto classes)
     assert type(AutoModel.from_pretrained(tmp_path / "models" / "toy").net) is toy.model
     card = (tmp_path / "models" / "toy" / "README.md").read_text()
-    assert "Toy (a one-block masked diffusion model)" in card and 'sampler="mdlm"' in card
+    assert "Toy (a one-block masked diffusion model)" in card and 'sampler="toy-sampler"' in card
     assert "AutoModel.from_pretrained" in card
 
     # sampling through its adapter, and Table 2's row scored like any other
     assert isinstance(make_adapter(model), SingleNetworkAdapter)
-    reads = schedule_class.reads
+    reads, steps = schedule_class.reads, toy.sampler.steps
     assert sampling.graphed_pieces(model) == [m for m in model.modules()
                                               if type(m).__name__ in ("DiTBlock", "ConditionEmbedder")]
     scorer = table2.Scorer(p, load_tokenizer(micro_packed.parent / "tokenizer"), micro_packed, dist=runtime.Dist())
     result = table2.run_row("toy", p, scorer, models_dir=tmp_path / "models", samples_dir=tmp_path / "samples")
     assert result["label"] == "Toy (one block)" and schedule_class.reads > reads  # sampled on its schedule
+    assert toy.sampler.steps > steps  # by its row's own sampler
     scored = result["budgets"]["8"]
     assert np.isfinite(scored["gen_ppl"]) and 0 < scored["mauve"] <= 1
     tokens = np.load(tmp_path / "samples" / "toy" / "T8.npy")
@@ -176,9 +203,10 @@ def test_every_place_that_treats_methods_apart_asks_the_unit(toy, tmp_path, monk
     assert toy.layer_calls(p.model, 64, 4) == 64  # every layer, every step
 
     # the compute column: counted once it says so, its formula beside the counted calls
-    assert accounting.kinds() == ("mdlm", "adlm", "tadm")
+    library = accounting.kinds()  # the library's units that say compute_column
+    assert "toy" not in library and {"mdlm", "tadm"} <= set(library)
     monkeypatch.setattr(toy, "compute_column", True)
-    assert accounting.kinds() == ("mdlm", "adlm", "tadm", "toy")
+    assert accounting.kinds() == (*library, "toy")
     depths = dict(mdlm_layers=2, anchor_layers=2, denoiser_layers=1)
     row = [r for r in accounting.compute_column([4], schedule={4: 2}, depths=depths) if r["model"] == "toy"]
     assert len(row) == 1 and row[0]["layer_calls"] == row[0]["formula"] == 4 and row[0]["K"] is None
@@ -193,7 +221,7 @@ def test_every_place_that_treats_methods_apart_asks_the_unit(toy, tmp_path, monk
         MaskedBackend(net, refresh_every=2)
 
     # throughput's references (Row.speed_reference, by rank) and the claims' row -> checkpoint
-    assert throughput_results.speed_references() == ("adlm", "mdlm")
+    assert "toy" not in throughput_results.speed_references()  # its row names no speed_reference
     ranked = {"a": Row("a", "A", "a", speed_reference=1), "b": Row("b", "B", "b", speed_reference=0), "c": Row("c", "C", "c")}
     assert throughput_results.speed_references(ranked) == ("b", "a")
     assert evidence.row_model("toy") == "toy" and evidence.row_model("tadm_nofusion") == "tadm"
@@ -211,3 +239,42 @@ def test_every_place_that_treats_methods_apart_asks_the_unit(toy, tmp_path, monk
     with torch.no_grad():
         assert torch.equal(AutoModel.from_pretrained(tmp_path / "toy")(z).logits, toy.canvas_logits(net.eval(), z))
         assert torch.equal(toy.canvas_logits(net, z), net(z))
+
+
+def test_the_toy_cache_is_a_table1_family_and_a_claims_comparator(toy, posttrain_workspace, tmp_path):
+    """Named in posttrain.cache_methods and claims.training_free_comparator, the toy cache gets
+    Table 1's rows at every K >= 2 (counted like naive reuse, whose model it builds), its note, its
+    frontier legend, its AUP, and its own finding in the training-free Holm family."""
+    from tadm.experiments import frontier, table1, table1_render
+    from tadm.experiments.claims import catalog
+    from tadm.experiments.claims.evidence import measure
+    from tadm.experiments.claims.inputs import Inputs
+    from tadm.experiments.claims.rules import Rules
+    from tests.experiments.conftest import posttrain_raw
+
+    with pytest.raises(ConfigError, match=r"claims\.training_free_comparator\[1\]: .*'toycach'"):
+        config.from_dict(posttrain_raw(**{"claims.training_free_comparator": ["naive", "toycach"]}))
+    p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": ["naive", "toycache"],
+                                          "claims.training_free_comparator": ["naive", "toycache"]}))
+    results = table1.run(p, root=posttrain_workspace, sft_dir=posttrain_workspace / "data" / "sft",
+                         out=tmp_path / "table1.json", log=lambda *_: None)
+    rows = results["tasks"]["arithmetic"]["methods"]
+    for k in (2, 3):
+        ours, naive = rows[f"Toy cache K={k}"], rows[f"Naive reuse K={k}"]
+        assert ours["family"] == "toycache" and ours["layer_calls"] == naive["layer_calls"]
+        assert ours["accuracy"] == naive["accuracy"]  # the same model under another name, the same seeds
+    assert table1_render.families()[-1] == "toycache"
+    assert frontier.legend("toycache") == ("Toy cache (naive reuse)", "d")
+    note = table1_render._caches_note(table1_render.frame(results))
+    assert "*Toy cache* is naive reuse under another name." in note
+    aup = table1_render.aup_frame(table1_render.frame(results))
+    assert "toycache" in set(aup["family"])
+
+    ids = [e.id for e in catalog.entries(catalog.CATALOG, p.claims.training_free_comparator)]
+    assert "fusion_vs_naive" in ids and "fusion_vs_toycache" in ids
+    entry = next(e for e in catalog.entries(catalog.CATALOG, ["toycache"]) if e.id == "fusion_vs_toycache")
+    inp = Inputs(params=p, table2={}, sweep=[], compute_column=None, table1=results, staleness=None, train={},
+                 evaluator=None)
+    claim = measure(entry, inp, Rules.of(p))
+    assert claim.family == catalog.TRAINING_FREE and "`toycache`" in claim.claim
+    assert "K = 2" in claim.notes and "K = 3" in claim.notes  # read from the toy cache's own rows

@@ -26,6 +26,10 @@ transformer block and TADM's fusion (:func:`compile_blocks`) and of each readout
 cast, cross-entropy and their backward: ``Method.compile_heads``), bf16 autocast
 (``train.precision``) with the residual stream in fp32 or bf16 (``train.residual``). The CPU path keeps torch's default
 AdamW so that CPU trajectories do not depend on these.
+
+Why one module of ~500 lines: the loop is read top to bottom in one place, and this file's syntax
+is part of every pretraining run's code fingerprint (``CODE``), so splitting it would make every
+finished checkpoint stale and retrain every model.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ conditioning vector c (the sigma = 0 embedding: none of the models is time-condi
 rotary positions. SUBS (the mask logit -inf, decoded positions copied) is the caller's job, as in
 MDLM's hub model; `x0_log_probs` applies it. SEDD's output is read as its log-score base.
 `generate` samples with the released samplers (`generation_tadm`).
+
+Why one module of ~540 lines: transformers' ``trust_remote_code`` copies the files an
+``auto_map`` names into a model directory, so the networks of every family live in this one
+standalone file rather than across the package's model modules.
 """
 
 from __future__ import annotations

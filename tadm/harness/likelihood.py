@@ -15,6 +15,16 @@ positions a request scores:
   SEDD's score entropy (`tadm.losses.sedd_score_entropy`) for a SEDD network. With every
   position scored and no tail it is exactly the validation NELBO the trainer reports
   (`Method.nelbo`), per canvas.
+- **the same bound by the number of masked tokens** (:func:`count_nelbo`, LLaDA's estimator in
+  its ``eval_llada.py``): for a network that does not read t (none of Table 2's does) and
+  alpha_t = 1 - t, integrating t out of the bound leaves, over the n scored positions,
+  ``E_{k ~ U{1..n}} [(n / k) sum over k positions masked uniformly at random of -log
+  x_theta(z)[x]]`` (the probability of exactly k masked, times lambda_t, integrates to 1 / k).
+  Each draw masks exactly k >= 1 positions, so its weight is at most n, where a time draw near 0
+  weighs 1 / t: far less Monte Carlo noise on a short continuation. The ``mc_num`` draws take
+  k stratified over 1..n from one uniform start (``k_j = ((k_0 + j n / mc_num - 1) mod n) + 1``,
+  rounded, as LLaDA does). Its expectation is the time bound's with MDLM's schedule epsilon set
+  to 0 (1e-3 of the time range apart). Masked-diffusion networks only (not SEDD's score entropy).
 - **a conditional likelihood** log p(continuation | context): the canvas ``[BOS, context,
   continuation, mask ...]`` with only the continuation scored: minus the mean of the draws.
 - **a document** (rolling): the token stream ``tokens + EOS`` cut as the data pipeline cuts it
@@ -113,6 +123,33 @@ def canvas_nelbo(logits_fn, x: Tensor, scored: Tensor, mask_id: int, schedule: N
     return torch.cat(out)
 
 
+def count_nelbo(logits_fn, x: Tensor, scored: Tensor, mask_id: int, mc_num: int, mc_batch: int,
+                generator: torch.Generator) -> Tensor:
+    """The `mc_num` draws (mc_num,) float64 of the NELBO of the `scored` positions of canvas `x`
+    by the number of masked positions (module docstring), `mc_batch` canvases per network call."""
+    device = x.device
+    where = scored.nonzero().squeeze(-1)  # (n,) the scored positions
+    n = where.numel()
+    start = float(torch.randint(1, n + 1, (), generator=generator, device=device))
+    k_all = ((torch.round(start + torch.arange(mc_num, device=device, dtype=torch.float64) * n / mc_num).long() - 1)
+             % n) + 1  # (mc_num,) in 1..n
+    order = torch.rand((mc_num, n), generator=generator, device=device).argsort(-1)  # a uniform order per draw
+    target = torch.where(x == mask_id, torch.zeros_like(x), x)  # the tail's targets are never read
+    out = []
+    for lo in range(0, mc_num, mc_batch):
+        k, rank = k_all[lo:lo + mc_batch], order[lo:lo + mc_batch]
+        hide_scored = torch.empty_like(rank, dtype=torch.bool).scatter_(-1, rank, torch.arange(n, device=device)
+                                                                     .expand_as(rank) < k.unsqueeze(-1))
+        hide = torch.zeros((k.numel(), x.shape[0]), dtype=torch.bool, device=device)
+        hide[:, where] = hide_scored  # exactly k of the scored positions masked
+        z = torch.where(hide, torch.full_like(hide, mask_id, dtype=torch.long), x.unsqueeze(0))
+        logp = subs_log_probs(logits_fn(z), z, mask_id).double()  # (b, L, V+1)
+        token = logp.gather(-1, target.unsqueeze(0).expand_as(z).unsqueeze(-1)).squeeze(-1)  # (b, L)
+        nll = -torch.where(hide, token, torch.zeros_like(token)).sum(-1)  # (b,)
+        out.append(nll * n / k.double())
+    return torch.cat(out)
+
+
 def summarise(draws: Tensor) -> Estimate:
     """The mean and standard error of NELBO draws."""
     n = draws.numel()
@@ -138,5 +175,5 @@ def ar_canvas_logprob(model, ids: list[int], device) -> float:
     return float(logp[0].gather(-1, x[0, 1:].unsqueeze(-1)).sum())
 
 
-__all__ = ["EPS", "Estimate", "ar_canvas_logprob", "ar_continuation_logprob", "canvas_nelbo", "encode_pair",
+__all__ = ["EPS", "Estimate", "ar_canvas_logprob", "ar_continuation_logprob", "canvas_nelbo", "count_nelbo", "encode_pair",
            "rolling_canvases", "summarise"]

@@ -15,6 +15,12 @@ Model arguments:
   first ``sample.budgets`` entry of ``params``.
 - ``mc_num`` (default 128) Monte Carlo draws per likelihood, ``mc_batch`` (default 32) of them
   per network call; ``mc_batch`` must divide ``mc_num`` (LLaDA's ``mc_num`` / ``batch_size``).
+- ``estimator``: how a draw noises the scored tokens. ``count`` (the default for the masked
+  rows; LLaDA's): exactly k of the n tokens masked, k stratified over 1..n, weight n / k;
+  ``time`` (the default and only choice for SEDD): a time t of MDLM's antithetic times, each
+  token masked with probability 1 - alpha_t, weight lambda_t -- the validation NELBO's own
+  estimator. Both estimate the same bound (`tadm.harness.likelihood`); ``count``'s noise on a
+  short continuation is far smaller.
 - ``seed`` (default the profile's ``seed``), ``params`` (default params.yaml), ``root`` (the
   directory holding models/ and data/, default .), ``tokenizer`` (default the model directory's
   own tokenizer.json, else ``data/tokenizer`` under root).
@@ -24,7 +30,7 @@ Requests (`tadm.harness.likelihood` has the estimators):
 - ``loglikelihood`` (context, continuation): the canvas ``[BOS, context, continuation, mask
   ...]`` of exactly the model's L positions, the context left-truncated (a continuation longer
   than L - 1 tokens is refused in one line); minus the mean of ``mc_num`` NELBO draws on the
-  continuation (a bound: the value is <= log p), ``is_greedy`` False. AR: exact, with an exact
+  continuation (a bound: the value is <= log p; ``estimator``), ``is_greedy`` False. AR: exact, with an exact
   ``is_greedy``. Every request of one document (the choices of a multiple-choice question)
   draws from the same stream (``seed``, task, document): the same times and masks.
 - ``loglikelihood_rolling``: the document cut into canvases as the data pipeline cuts it, each
@@ -57,6 +63,7 @@ from tadm.harness.model import HarnessRefused, SEED_MAX, _whole, cut_at, harness
 
 MODEL_NAME = "tadm_pretrain"
 MC_NUM, MC_BATCH = 128, 32
+ESTIMATORS = ("count", "time")  # model_args.estimator (tadm.harness.likelihood: count_nelbo, canvas_nelbo)
 DEFAULT_ROW = "mdlm"  # the row without row= or pretrained=
 
 
@@ -101,12 +108,24 @@ def _positive(name: str, value, default: int) -> int:
     return default if value is None else _whole(name, value, 1)
 
 
+def _estimator(value, sedd: bool, row: str) -> str:
+    """model_args.estimator checked: ``count`` or ``time`` (module docstring); None -> the row's default."""
+    if value is None:
+        return "time" if sedd else "count"
+    if value not in ESTIMATORS:
+        raise harness_error("model_args.estimator", f"must be one of {', '.join(ESTIMATORS)}, got {value!r}")
+    if value == "count" and sedd:
+        raise harness_error("model_args.estimator", f"row {row} is bounded by SEDD's score entropy, which reads t: "
+                            "use estimator=time")
+    return value
+
+
 @register_model(MODEL_NAME)
 class TadmPretrainLM(LM):
     """A Table 2 model as a harness model (module docstring)."""
 
     def __init__(self, pretrained: str | None = None, model_path: str | None = None, row: str | None = None,
-                 T=None, K=None, mc_num=None, mc_batch=None, seed=None, params: str = "params.yaml",
+                 T=None, K=None, mc_num=None, mc_batch=None, estimator=None, seed=None, params: str = "params.yaml",
                  root: str = ".", tokenizer: str | None = None, batch_size=1, max_batch_size=None,
                  device: str | None = None, **unused):
         super().__init__()
@@ -116,7 +135,7 @@ class TadmPretrainLM(LM):
 
         if unused:
             raise harness_error("model_args", f"unknown argument(s) {', '.join(sorted(unused))} (known: pretrained, "
-                                "model_path, row, T, K, mc_num, mc_batch, seed, params, root, tokenizer, device, "
+                                "model_path, row, T, K, mc_num, mc_batch, estimator, seed, params, root, tokenizer, device, "
                                 "batch_size)")
         directory = pretrained_arg(pretrained, model_path)
         self.mc_num = _positive("model_args.mc_num", mc_num, MC_NUM)
@@ -166,6 +185,9 @@ class TadmPretrainLM(LM):
         from tadm.methods.sedd import SEDDMethod
 
         self.sedd = issubclass(self.unit, SEDDMethod)
+        if estimator is not None and self.mask_id is None:
+            raise harness_error("model_args.estimator", f"row {chosen.name}'s likelihoods are exact (no Monte Carlo)")
+        self.estimator = _estimator(estimator, self.sedd, chosen.name) if self.mask_id is not None else "exact"
         self.sampler = chosen.sampler or p.sample.sampler
         self.ses: list[float] = []  # the Monte Carlo standard error of each diffusion likelihood
         self.truncated = 0  # loglikelihood contexts cut on the left to fit the canvas
@@ -203,8 +225,11 @@ class TadmPretrainLM(LM):
         scored = torch.zeros_like(x, dtype=torch.bool)
         scored[lo:hi] = True
         with torch.inference_mode():
-            draws = lk.canvas_nelbo(self._logits, x, scored, self.mask_id, self.schedule, self.mc_num, self.mc_batch,
-                                    gen, sedd=self.sedd)
+            if self.estimator == "count":
+                draws = lk.count_nelbo(self._logits, x, scored, self.mask_id, self.mc_num, self.mc_batch, gen)
+            else:
+                draws = lk.canvas_nelbo(self._logits, x, scored, self.mask_id, self.schedule, self.mc_num,
+                                        self.mc_batch, gen, sedd=self.sedd)
         est = lk.summarise(draws)
         self.ses.append(est.se)
         return est
@@ -333,7 +358,7 @@ class TadmPretrainLM(LM):
         ses = [s for s in self.ses if s == s]
         return {"tadm_row": self.row.name, "tadm_pretrained": self.directory, "tadm_sampler": self.sampler,
                 "tadm_T": self.T, "tadm_K": self.K if self.unit.refreshes else None, "tadm_mc_num": self.mc_num,
-                "tadm_mc_batch": self.mc_batch, "tadm_seed": self.seed,
+                "tadm_mc_batch": self.mc_batch, "tadm_estimator": self.estimator, "tadm_seed": self.seed,
                 "tadm_mc_se_mean": sum(ses) / len(ses) if ses else None,
                 "tadm_contexts_truncated": self.truncated, "tadm_generations_cut": self.generated_truncated}
 

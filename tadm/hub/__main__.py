@@ -1,5 +1,6 @@
 """``python -m tadm.hub export MODEL_DIR OUT [--run RUN] [--params PARAMS] [--tokenizer DIR]``
-(`tadm.hub.export`). A refusal is one line on stderr, ``error: ...``, exit status 2."""
+(`tadm.hub.export`) and ``python -m tadm.hub export-fusion FUSION_DIR OUT --base BASE [--params
+PARAMS]`` (`tadm.hub.export_fusion`). A refusal is one line on stderr, ``error: ...``, exit status 2."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("--run", default=None, help="the run that trained it (default: MODEL_DIR's name)")
     ex.add_argument("--params", default=None, help="params.yaml of the workspace that trained it (default: the repository's)")
     ex.add_argument("--tokenizer", default=None, help="the tokenizer directory (default: data/tokenizer beside --params)")
+    fx = sub.add_parser("export-fusion", help="write a trust_remote_code hub directory of a TADM:Post-train fusion")
+    fx.add_argument("fusion_dir", metavar="FUSION_DIR", help="the fusion directory (models/dg_tadm)")
+    fx.add_argument("out", metavar="OUT", help="the hub directory to write (new or empty)")
+    # required, but checked by export_fusion so that its absence is a one-line error like the others
+    fx.add_argument("--base", default=None,
+                    help="the frozen DiffusionGemma it was trained on: a hub id or a local directory")
+    fx.add_argument("--params", default=None,
+                    help="params.yaml of the workspace that trained it (default: the repository's)")
     return ap
 
 
@@ -26,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     from tadm.hub.export import export
 
     try:
-        out = export(args.model_dir, args.out, run=args.run, params=args.params, tokenizer=args.tokenizer)
+        if args.command == "export-fusion":
+            from tadm.hub.export_fusion import export_fusion  # lazy: loads transformers' DiffusionGemma; export doesn't
+
+            out = export_fusion(args.fusion_dir, args.out, base=args.base, params=args.params)
+        else:
+            out = export(args.model_dir, args.out, run=args.run, params=args.params, tokenizer=args.tokenizer)
     except TadmError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

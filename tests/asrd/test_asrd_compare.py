@@ -161,3 +161,33 @@ def test_methods_take_turns_on_every_batch_and_each_keeps_its_own_tally():
     runner.run(None, task, None, alone)
     assert order == [(0, "b"), (2, "b"), (4, "b")] and alone.calls == 3
     assert accs == [100.0, 0.0]
+
+
+def test_each_method_at_two_settings_or_more_gets_its_aup_over_both_axes(params):
+    """ASRD and its base, with and without TADM's anchor reuse, are one family each (the variants
+    say so); AUP is the leaderboard's formula over (tokens per forward, accuracy) and over tokens
+    per full-model-equivalent forward, the layers of one full call read off the low-confidence row."""
+    from tadm.metrics.aup import aup
+
+    rows = {v.label: v for v in compare.variants(params, params.asrd.dg_steps, time_anchored=True)}
+    K = params.asrd.refresh_every
+    assert rows[f"ASRD + TADM K={K}"].family == "ASRD" and rows[f"{compare.ASRD_BASE} + TADM K={K}"].family == compare.ASRD_BASE
+    assert rows["ASRD"].family is None  # the row alone: its label (`run` records `family or label`)
+
+    def row(acc, tokens, calls, layer_calls, family):
+        return {**_row(acc), "tokens_per_batch": tokens, "calls_per_batch": calls, "layer_calls_per_batch": layer_calls,
+                "layer_calls_weighted_per_batch": layer_calls, "family": family}
+
+    methods = {compare.BASELINE: row(20.0, 96, 24.0, 96.0, compare.BASELINE),  # 4 layers a call
+               "ASRD": row(22.0, 96, 12.0, 48.0, "ASRD"),
+               f"ASRD + TADM K={K}": row(24.0, 96, 12.0, 30.0, "ASRD"),  # the anchor reused: fewer layers a call
+               "Plain": row(10.0, 96, 24.0, 96.0, "Plain")}
+    a = compare.aup_frame({"groups": [{"task": "arithmetic", "model": "diffusiongemma", "methods": methods}]})
+    assert list(a.family) == ["ASRD"] and a.settings[0] == f"ASRD / ASRD + TADM K={K}" and a.y_max[0] == 24.0
+    assert a.aup_tpf[0] == pytest.approx(aup([8.0, 8.0], [22.0, 24.0], 24.0))  # 96 tokens / 12 calls each
+    assert a.aup_equivalent[0] == pytest.approx(aup([96 / 12, 96 / 7.5], [22.0, 24.0], 24.0))
+    md = compare.aup_markdown({"groups": [{"task": "arithmetic", "model": "diffusiongemma", "methods": methods}]})
+    assert f"| arithmetic | diffusiongemma | ASRD | ASRD / ASRD + TADM K={K} | 24.0 |" in md
+    for m in methods.values():  # results written before families were recorded: no AUP, no error
+        del m["family"]
+    assert compare.aup_markdown({"groups": [{"task": "arithmetic", "model": "diffusiongemma", "methods": methods}]}) == ""

@@ -196,6 +196,7 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
                 tallies[v.label].accuracies.append(acc)
             bar.update(len(vs))
         rows = {v.label: {**tallies[v.label].row(), "refresh_every": v.refresh_every, "base": v.base,
+                          "family": v.family or v.label,
                           "budget_x": getattr(backends[v.label], "budget_x", None),
                           "settings": dataclass_dict(v.settings)} for v in vs}
         results["groups"].append({"task": task_name, "model": runner.name, "n": len(task), "methods": rows})
@@ -299,6 +300,61 @@ def to_markdown(df) -> str:
         f"{_compute(r.compute_x, r.budget_x, r.matched)} | {r.checked:.2f} | {r.remasked:.2f} |\n"
         for r in df.itertuples())
     return head + body
+
+
+def aup_frame(results: dict):
+    """AUP (`tadm.metrics.aup`, the d3LLM leaderboard's score) of every family with two rows or more
+    in a (task, model) group -- one method at several settings (`Variant.family`: ASRD and its
+    base with and without TADM's anchor reuse; each LLaDA cache at its intervals) -- over tokens
+    per forward (generated tokens / model calls, the leaderboard's rho) and over tokens per
+    full-model-equivalent forward (generated tokens / (weighted layer calls / the layers of one full
+    call, read off the low-confidence row, whose every call is full); this project's reading);
+    y_max the group's best row. Rows of results written before families were recorded form none."""
+    import pandas as pd
+
+    from tadm.metrics import aup as aup_score
+
+    lines = []
+    for g in results["groups"]:
+        ms = g["methods"]
+        full = round(ms[BASELINE]["layer_calls_per_batch"] / ms[BASELINE]["calls_per_batch"])  # layers of one full call
+        y_max = max(m["accuracy"] for m in ms.values())
+        families: dict[str, list[tuple[str, dict]]] = {}
+        for label, m in ms.items():
+            if "family" in m and "tokens_per_batch" in m:
+                families.setdefault(m["family"], []).append((label, m))
+        for family, rows in families.items():
+            if len(rows) < 2:
+                continue
+            ys = [m["accuracy"] for _, m in rows]
+            tpf = [aup_score.tokens_per_forward(m["tokens_per_batch"], m["calls_per_batch"]) for _, m in rows]
+            eq = [aup_score.equivalent_rho(m["tokens_per_batch"], _weighted(m), full) for _, m in rows]
+            score = {name: aup_score.aup(rho, ys, y_max) if y_max > 0 else None for name, rho in (("tpf", tpf), ("eq", eq))}
+            lines.append({"task": g["task"], "model": g["model"], "family": family,
+                          "settings": " / ".join(label for label, _ in rows), "y_max": y_max,
+                          "aup_tpf": score["tpf"], "aup_equivalent": score["eq"],
+                          "unscored": aup_score.unscored_reason(tpf, ys) or ""})
+    return pd.DataFrame(lines, columns=["task", "model", "family", "settings", "y_max", "aup_tpf", "aup_equivalent",
+                                        "unscored"])
+
+
+def aup_markdown(results: dict) -> str:
+    """The AUP section under the ASRD table (`aup_frame`); empty where no family has two rows."""
+    from tadm.metrics import aup as aup_score
+
+    a = aup_frame(results)
+    if not len(a):
+        return ""
+    cell = lambda v: "not scored" if v is None or v != v else f"{v:.1f}"  # noqa: E731
+    rows = "".join(f"| {r.task} | {r.model} | {r.family} | {r.settings} | {r.y_max:.1f} | {cell(r.aup_tpf)} | "
+                   f"{cell(r.aup_equivalent)} |\n" for r in a.itertuples())
+    return ("\n**AUP** (accuracy under parallelism, the d3LLM leaderboard's score; `tadm.metrics.aup`, alpha = "
+            f"{aup_score.ALPHA:g}, offset = {aup_score.OFFSET:g}; docs/glossary.md) of each method with two settings "
+            "or more in its group, y_max the group's best row: over tokens per forward (generated tokens / model calls, "
+            "the leaderboard's axis) and over tokens per full-model-equivalent forward (weighted layer calls / the "
+            "layers of one full call, this project's reading, which sees anchor reuse and caches).\n\n"
+            "| Task | Model | Method | Settings | y_max (%) | AUP, tokens / forward | AUP, tokens / full-model forward |\n"
+            "|---|---|---|---|---|---|---|\n" + rows)
 
 
 def metrics_dict(df) -> dict:

@@ -183,10 +183,10 @@ def cache_variants(p: Params, rows: list[Variant], task: str | None = None) -> l
             if ref.label not in by:
                 by[ref.label] = ref
                 out.append(ref)
-            out.append(Variant(label, ref.settings, base=ref.label, cache=spec))
+            out.append(Variant(label, ref.settings, base=ref.label, cache=spec, family=spec.method))
             continue
         base = ASRD_BASE if spec.per_block else BASELINE
-        out.append(Variant(label, by[base].settings, base=base, cache=spec))
+        out.append(Variant(label, by[base].settings, base=base, cache=spec, family=spec.method))
     return out
 
 

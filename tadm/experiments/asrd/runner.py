@@ -26,6 +26,9 @@ class Variant:
     refresh_every: int = 1  # > 1: the time-anchored model (anchor reused between refreshes)
     base: str | None = None  # the row that is this one without ASRD's mechanisms (or without its cache)
     cache: CacheSpec | None = None  # a training-free cache on LLaDA (`tadm.caches.llada`)
+    # the rows of one method at several settings (K, R, per block, thresholds) share a family, whose
+    # AUP is scored over them (`tadm.experiments.asrd.compare.aup_frame`); None: the row alone
+    family: str | None = None
 
 
 def backend_of(runner, v: Variant) -> Backend:
@@ -58,8 +61,8 @@ def variants(p: Params, steps: int, time_anchored: bool) -> list[Variant]:
            Variant("ASRD, verification only", asrd.replace(guidance=0.0), base=ASRD_BASE)]
     if time_anchored:
         matched = f"{ASRD_BASE} + TADM K={a.refresh_every}"
-        out += [Variant(matched, base, a.refresh_every),
-                Variant(f"ASRD + TADM K={a.refresh_every}", asrd, a.refresh_every, base=matched)]
+        out += [Variant(matched, base, a.refresh_every, family=ASRD_BASE),
+                Variant(f"ASRD + TADM K={a.refresh_every}", asrd, a.refresh_every, base=matched, family="ASRD")]
     return out
 
 
@@ -88,6 +91,7 @@ class Tally:
         per_batch = lambda v: v / self.batches  # noqa: E731
         return {"accuracy": statistics.mean(acc), "accuracy_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
                 "accuracy_seeds": acc, "tokens_per_s": self.tokens / self.seconds,
+                "tokens_per_batch": per_batch(self.tokens),
                 "calls_per_batch": per_batch(self.calls), "layer_calls_per_batch": per_batch(self.layer_calls),
                 "layer_calls_weighted_per_batch": per_batch(self.layer_calls_weighted),
                 "refreshes_per_batch": per_batch(self.refreshes),

@@ -45,12 +45,11 @@ import sys
 from pathlib import Path
 
 from tadm.errors import DataError
+from tadm.registry import METHODS, method_for
 
 
 def families() -> tuple[str, ...]:
     """The model_type of every method unit (`tadm.registry.METHODS`), in registration order."""
-    from tadm.registry import METHODS
-
     return tuple(dict.fromkeys(unit.model.model_type for unit in METHODS.values()))
 
 
@@ -68,7 +67,7 @@ def classes(model_type: str) -> tuple[type, type]:
 
 
 def _build() -> None:
-    from tadm.auto_classes import family_classes  # imports transformers: on first use only
+    from tadm.auto_classes import family_classes  # lazy: tadm.auto_classes imports transformers (~2 s); `import tadm` stays ~15 ms
 
     for model_type in families():
         if model_type not in _CLASSES:
@@ -80,11 +79,12 @@ def bound_config_reading() -> None:
     project's bounded reader: a ValueError line, before the file is read, for a config.json over
     1 MiB or nested too deeply, and for a TADM checkpoint's config (it has ``format_version``)
     whose model_type is not one of `families()`. Idempotent."""
+    # lazy: transformers takes ~2 s to import; `import tadm` only installs the hook
     from transformers.configuration_utils import PretrainedConfig
 
     if getattr(PretrainedConfig._dict_from_json_file, "_tadm_bounded", False):
         return
-    from tadm import weights_header as wh
+    from tadm import weights_header as wh  # lazy: tadm.weights_header (+ tadm.io, ~25 ms) would more than double `import tadm`
 
     decode = PretrainedConfig._decode_special_floats
 
@@ -108,9 +108,8 @@ def register() -> None:
     """Register every family with AutoConfig, AutoModel and AutoModelForMaskedLM -- a family
     without a mask token (its method's ``masked`` False: AR) with AutoModelForCausalLM instead --
     (idempotent), and bound transformers' config reading (`bound_config_reading`)."""
+    # lazy: transformers takes ~2 s to import; this runs once its Auto module has loaded
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
-
-    from tadm.registry import method_for
 
     bound_config_reading()
 
@@ -152,8 +151,6 @@ def install() -> None:
     """Have the Auto classes know TADM's families -- every method unit's, also one defined later
     (a `tadm.registry.METHODS` listener) --: at once when transformers' Auto module is loaded,
     else right after it is (`import tadm` calls this)."""
-    from tadm.registry import METHODS
-
     if _on_method not in METHODS._listeners:
         METHODS.subscribe(_on_method)
     if AUTO_MODULE in sys.modules:

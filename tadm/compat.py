@@ -23,7 +23,7 @@ WHEEL_HINT = (f"pip install --no-deps --no-index ./transformers-{PINNED_TRANSFOR
 def installed_transformers() -> str | None:
     """The version of the transformers that `import transformers` gets (None when there is none)."""
     try:
-        import transformers
+        import transformers  # lazy: transformers takes ~2 s to import (and may be missing); only the version gate asks
     except ImportError:
         return None
     return transformers.__version__

@@ -44,19 +44,22 @@ class _RefuseUnknown(logging.Filter):
 
 def main() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)  # absent: its import raises ImportError
-    from papermill.cli import papermill
+    from papermill.cli import papermill  # lazy: must follow the sys.modules line above (rfc3987_syntax marked absent first)
+    # lazy: must follow the sys.modules line above (rfc3987_syntax marked absent first)
     from papermill.exceptions import PapermillExecutionError
 
     logging.getLogger("papermill").addFilter(_RefuseUnknown())
     try:
         papermill(prog_name="papermill")
     except UnknownParameter as e:
+        # lazy: tadm.config (+ yaml, ~60 ms) only to report a failure; every notebook stage starts here
         from tadm.config.notebook import SOURCE
 
         hint = ("; the profile is the params file's: render another with python -m tadm profile NAME" if str(e) == "profile"
                 else "")
         sys.exit(_error(f"{SOURCE}: {e}: the notebook has no such parameter (papermill would ignore it){hint}"))
     except PapermillExecutionError as e:
+        # lazy: tadm.config (+ yaml, ~60 ms) only to report a failure; every notebook stage starts here
         from tadm.config.notebook import one_line
 
         if list(e.traceback or ()) == [one_line(e.ename, e.evalue)]:

@@ -65,11 +65,13 @@ def add_dg_cache(unit: CacheMethod) -> CacheMethod:
 
 # the builders import their cache's module (torch, transformers) on the first build, not when params are checked
 def _naive_model(base, p, refresh_every: int):
+    # lazy: a params check loads this catalog; the DiffusionGemma caches import torch and transformers (~3 s)
     from tadm.caches.diffusiongemma.naive import naive_model
     return naive_model(base, p, refresh_every)
 
 
 def _feature_model(base, p, refresh_every: int):
+    # lazy: a params check loads this catalog; the DiffusionGemma caches import torch and transformers (~3 s)
     from tadm.caches.diffusiongemma.feature import feature_model
     return feature_model(base, p, refresh_every)
 
@@ -185,27 +187,27 @@ def _d2cache_rows(ks, released) -> list[tuple[str, CacheSpec]]:
 
 
 def _prefix_backend(model, spec: CacheSpec):
-    from tadm.caches.llada.prefix import prefix_backend
+    from tadm.caches.llada.prefix import prefix_backend  # lazy: a params check loads this catalog; the LLaDA caches import torch (~1.5 s)
     return prefix_backend(model, spec)
 
 
 def _dual_backend(model, spec: CacheSpec):
-    from tadm.caches.llada.prefix import dual_backend
+    from tadm.caches.llada.prefix import dual_backend  # lazy: a params check loads this catalog; the LLaDA caches import torch (~1.5 s)
     return dual_backend(model, spec)
 
 
 def _feature_backend(model, spec: CacheSpec):
-    from tadm.caches.llada.feature import feature_backend
+    from tadm.caches.llada.feature import feature_backend  # lazy: a params check loads this catalog; the LLaDA caches import torch (~1.5 s)
     return feature_backend(model, spec)
 
 
 def _naive_backend(model, spec: CacheSpec):
-    from tadm.caches.llada.naive import naive_backend
+    from tadm.caches.llada.naive import naive_backend  # lazy: a params check loads this catalog; the LLaDA caches import torch (~1.5 s)
     return naive_backend(model, spec)
 
 
 def _dkv_backend(model, spec: CacheSpec):
-    from tadm.caches.llada.dkv import dkv_backend
+    from tadm.caches.llada.dkv import dkv_backend  # lazy: a params check loads this catalog; the LLaDA caches import torch (~1.5 s)
     return dkv_backend(model, spec)
 
 
@@ -214,6 +216,7 @@ add_llada_cache(LladaCache("dual", _dual_backend, _dual_rows))
 add_llada_cache(LladaCache("feature", _feature_backend, _feature_rows))
 add_llada_cache(LladaCache("naive", _naive_backend, _naive_rows))
 def _d2cache_backend(model, spec: CacheSpec):
+    # lazy: a params check loads this catalog; the LLaDA caches import torch (~1.5 s)
     from tadm.caches.llada.d2cache import LladaD2CacheBackend
     return LladaD2CacheBackend(model, **D2CACHE_RELEASE)
 

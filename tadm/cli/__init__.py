@@ -59,7 +59,7 @@ def _leave_process_group_on(error: BaseException) -> None:
     torch.distributed imported, so a command that never imported it does not import torch here."""
     if "torch.distributed" not in sys.modules:
         return
-    from tadm import runtime
+    from tadm import runtime  # lazy: tadm.runtime imports torch (~1.5 s); reached only once torch.distributed is loaded
 
     if runtime.in_process_group():
         runtime.leave_on_error(error, runtime.exit_code_of(error))

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tadm import config
+from tadm.config import notebook as nb  # the parameters' checks that key_type's flags read
 from tadm.errors import TadmError
 
 # Stage outputs, relative to the repository root (the working directory of `dvc repro`).
@@ -35,8 +36,6 @@ def key_type(key: str, *, entry: bool = False):
     """An argparse `type` that reads a flag as the params key `key` reads a value (`entry`: one
     entry of that list key): its type -- an integer is never truncated from a float -- and its
     ranges and registry, from the declaration params.yaml is checked against."""
-    from tadm.config import notebook as nb  # the notebook parameters' checks, loaded when a flag is typed
-
     def parse(text: str):
         tp = nb.field_type(key, entry=entry)
         value: object = text
@@ -80,7 +79,7 @@ def relaunched(p: config.Params, args, *command: str) -> bool:
     """runtime.nproc > 1 and not yet under torchrun: run this command again as nproc processes
     (``torchrun --nproc_per_node=N -m tadm ...``), wait for them and report True. Under torchrun
     (or with nproc 1) False: this process is one rank and does its share."""
-    from tadm import runtime
+    from tadm import runtime  # lazy: tadm.runtime imports torch (~1.5 s); only a command that may relaunch needs it
 
     argv = ["tadm", "--params", str(args.params), *command, *(["--restart"] if args.restart else [])]
     return runtime.relaunch(p.runtime.nproc, argv)

@@ -3,13 +3,16 @@ or the train stage's job pool: `tadm.cli.train_pool`) and the evaluator."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
 from tadm.cli import common
 from tadm.cli.common import PACKED_DIR, TOKENIZER_DIR
 from tadm.cli.train_pool import JOBS_RECORD, posttrain_after, train_jobs
-from tadm.errors import TadmError
+from tadm.errors import ConfigError, DataError, TadmError
+from tadm.registry import METHODS, method_for
 
 # each command imports what it needs inside it: `python -m tadm <command>` then loads only that
 # command's modules (torch and transformers take seconds to import)
@@ -17,12 +20,11 @@ from tadm.errors import TadmError
 
 def cmd_sample(args) -> None:
     """Sample from a trained model (Alg. 1 for TADM) and print texts, compute and speed."""
-    import torch
+    import torch  # lazy: CLI start-up loads a command's modules only when it runs
 
-    from tadm.data.tokenizer import load_tokenizer
-    from tadm.errors import ConfigError, DataError
-    from tadm.models import load_pretrained
-    from tadm.registry import METHODS, method_for
+    from tadm.data.tokenizer import load_tokenizer  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.models import load_pretrained  # lazy: CLI start-up loads a command's modules only when it runs
+    # lazy: CLI start-up loads a command's modules only when it runs
     from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
 
     p = common.load_params(args)
@@ -52,13 +54,10 @@ def cmd_sample(args) -> None:
 
 def cmd_compute_column(args) -> None:
     """Table 2's compute column at T = 2048 / 4096 from real sampling runs (paper depths)."""
-    import csv
-    import io
+    import torch  # lazy: CLI start-up loads a command's modules only when it runs
 
-    import torch
-
-    from tadm.errors import DataError
-    from tadm.io import atomic_write_json, atomic_write_text
+    from tadm.io import atomic_write_json, atomic_write_text  # lazy: CLI start-up loads a command's modules only when it runs
+    # lazy: CLI start-up loads a command's modules only when it runs
     from tadm.sampling.accounting import PAPER_REFRESH_SCHEDULE, compute_column, to_markdown
 
     # tiny models (width 32, one sequence): the count is per-call overhead, which one thread runs
@@ -85,15 +84,13 @@ def cmd_compute_column(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from tadm import runtime
-    from tadm.train.trainer import train
+    from tadm import runtime  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.train.trainer import train  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     if args.replicate and len(args.runs) != 1:
         raise TadmError("python -m tadm train: --replicate needs exactly one run (e.g. `train tadm --replicate 1`)")
     if args.replicate and args.runs[0] not in p.train.replicate_models:
-        from tadm.errors import ConfigError
-
         raise ConfigError("--replicate", f"run {args.runs[0]!r} has no training replicates (train.replicate_models: "
                           f"{', '.join(p.train.replicate_models) or 'none'})", "python -m tadm train")
     if len(args.runs) == 1:
@@ -114,7 +111,7 @@ def cmd_train(args) -> None:
     record = {"jobs": p.runtime.jobs, "threads_each": runtime.threads_per_job(p.runtime.jobs),
               "order": [name for name, _, _ in jobs], "seconds": {k: round(v, 1) for k, v in seconds.items()}}
     if not args.runs:
-        from tadm.io import atomic_write_json
+        from tadm.io import atomic_write_json  # lazy: CLI start-up loads a command's modules only when it runs
 
         atomic_write_json(JOBS_RECORD, record)
     print(json.dumps(record))
@@ -122,12 +119,12 @@ def cmd_train(args) -> None:
 
 def cmd_evaluator(args) -> None:
     """Train the Gen PPL / MAUVE evaluator (eval.evaluator: trained) and measure its sanity checks."""
-    from tadm.metrics import trained_evaluator as te
+    from tadm.metrics import trained_evaluator as te  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     if te.TRAINED not in (p.eval.evaluator, p.eval.featurizer):
         # another evaluator (the paper profile's GPT-2 Large): record which, train nothing
-        from tadm.io import atomic_write_json
+        from tadm.io import atomic_write_json  # lazy: CLI start-up loads a command's modules only when it runs
 
         record = {"run": "evaluator", "evaluator": p.eval.evaluator, "featurizer": p.eval.featurizer, "trained": False}
         atomic_write_json(te.MODEL_DIR / "record.json", record)

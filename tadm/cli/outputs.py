@@ -23,11 +23,11 @@ def output_paths(args) -> list[tuple[str, Path, str, tuple[str, ...] | None]]:
     if command in ("sft", "claims"):
         return [("--out", Path(out or SFT_DIR), "dir", None)]
     if command == "tokenizer":
-        from tadm.data.tokenizer import OUTPUT_FILES
+        from tadm.data.tokenizer import OUTPUT_FILES  # lazy: CLI start-up loads a command's modules only when it runs
 
         return [("--out", Path(out or TOKENIZER_DIR), "dir", OUTPUT_FILES)]
     if command == "pack":
-        from tadm.data.packing import SHARD_FILES, SPLITS
+        from tadm.data.packing import SHARD_FILES, SPLITS  # lazy: CLI start-up loads a command's modules only when it runs
 
         out = Path(out or PACKED_DIR)
         return [("--out", out, "dir", None), *(("--out", out / split, "dir", SHARD_FILES) for split in SPLITS),
@@ -37,11 +37,12 @@ def output_paths(args) -> list[tuple[str, Path, str, tuple[str, ...] | None]]:
                                                      for ext in ("csv", "md")),
                 ("--metrics", Path(args.metrics), "file", None)]
     if command == "table1-speed":
+        # lazy: CLI start-up loads a command's modules only when it runs
         from tadm.experiments.table1_speed import SPEED_DIR, speed_block_path
 
         return [("--out", Path(out) if out else speed_block_path(args.block, Path(args.root) / SPEED_DIR), "file", None)]
     if command == "throughput":
-        from tadm.experiments import throughput_results
+        from tadm.experiments import throughput_results  # lazy: CLI start-up loads a command's modules only when it runs
 
         if args.block is not None:
             paths = [("--out", Path(out or throughput_results.block_path(args.block, args.blocks)), "file", None)]
@@ -59,7 +60,7 @@ def check_outputs(args) -> None:
     """Refuse, before any work, an output flag naming an existing folder where a file is written,
     an existing file where a folder is, or a folder that is replaced and holds what its writer did
     not write: one ConfigError line naming the flag and the path (tadm.io.check_output_path)."""
-    from tadm.io import check_output_path
+    from tadm.io import check_output_path  # lazy: tadm.io (~13 ms) loads once a command runs, not for `python -m tadm --help`
 
     for flag, path, kind, ours in output_paths(args):
         check_output_path(path, kind, flag, f"python -m tadm {args.command}", ours)

@@ -16,15 +16,15 @@ from tadm.cli.common import SFT_DIR, TOKENIZER_DIR
 
 def cmd_dg_base(args) -> None:
     """Train the default profile's small DiffusionGemma (posttrain.base_model: local)."""
-    from tadm import runtime
-    from tadm.data.tokenizer import load_tokenizer
-    from tadm.posttrain.train import train_base
+    from tadm import runtime  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.data.tokenizer import load_tokenizer  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.posttrain.train import train_base  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     if p.posttrain.base_model != "local":
         # the paper profile starts from a released DiffusionGemma: record which, train nothing
-        from tadm.io import atomic_write_json
-        from tadm.posttrain.model import BASE_DIR
+        from tadm.io import atomic_write_json  # lazy: CLI start-up loads a command's modules only when it runs
+        from tadm.posttrain.model import BASE_DIR  # lazy: CLI start-up loads a command's modules only when it runs
 
         Path("checkpoints/dg_base").mkdir(parents=True, exist_ok=True)
         atomic_write_json(BASE_DIR / "base.json", {"base_model": p.posttrain.base_model})
@@ -41,12 +41,12 @@ def cmd_dg_base(args) -> None:
 
 def cmd_dg_posttrain(args) -> None:
     """TADM:Post-train: train the fusion of the frozen DiffusionGemma."""
-    from tadm import runtime
-    from tadm.posttrain.train import train_fusion
+    from tadm import runtime  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.posttrain.train import train_fusion  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     if args.replicate:
-        from tadm.posttrain.train import fusion_run
+        from tadm.posttrain.train import fusion_run  # lazy: CLI start-up loads a command's modules only when it runs
 
         fusion_run(p, args.fresh_anchor, args.replicate)  # one line before any relaunch: is there such a replicate?
     if common.relaunched(p, args, "dg-posttrain", "--sft", args.sft, *(["--fresh-anchor"] if args.fresh_anchor else []),
@@ -60,9 +60,9 @@ def cmd_dg_posttrain(args) -> None:
 
 def cmd_asrd_model(args) -> None:
     """Train the masked diffusion LM the ASRD comparison runs on (both tasks)."""
-    from tadm import runtime
-    from tadm.asrd.train import train
-    from tadm.data.tokenizer import load_tokenizer
+    from tadm import runtime  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.asrd.train import train  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.data.tokenizer import load_tokenizer  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     if common.relaunched(p, args, "asrd-model", "--tokenizer", args.tokenizer):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tadm.cli import common
 from tadm.cli.common import PACKED_DIR, SFT_DIR, TOKENIZER_DIR
+from tadm.errors import DataError
 
 # each command imports what it needs inside it: `python -m tadm <command>` then loads only that
 # command's modules (torch and transformers take seconds to import)
@@ -17,7 +18,7 @@ from tadm.cli.common import PACKED_DIR, SFT_DIR, TOKENIZER_DIR
 
 def cmd_claims(args) -> None:
     """paper_figures/claims.{md,csv}: every quantitative claim of the paper with a computed verdict."""
-    from tadm.experiments import claims
+    from tadm.experiments import claims  # lazy: CLI start-up loads a command's modules only when it runs
 
     if args.from_ is not None:  # recomputed from a claims inputs file alone (no run, no params.yaml)
         cs = claims.write_from(Path(args.from_), out=Path(args.out))
@@ -30,9 +31,9 @@ def cmd_claims(args) -> None:
 def cmd_replicates(args) -> None:
     """The training replicates' draws: sample.replicate_rows from every replicate of their model
     (tadm.experiments.replicates)."""
-    from tadm.data.tokenizer import load_tokenizer
-    from tadm.experiments import replicates
-    from tadm.experiments.table2 import Scorer
+    from tadm.data.tokenizer import load_tokenizer  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.experiments import replicates  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.experiments.table2 import Scorer  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     replicates.require_models(p)  # before the tokenizer and the judge are loaded
@@ -44,13 +45,12 @@ def cmd_throughput(args) -> None:
     process: every row that samples timed in turns from the block's batch seed and step window)
     written to --out. Without: the blocks in --blocks combined into --out and --table, each block
     first run in its own process when --run-blocks is given."""
-    from tadm.errors import DataError
-    from tadm.experiments import throughput, throughput_results
-    from tadm.io import atomic_write_json
+    from tadm.experiments import throughput, throughput_results  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.io import atomic_write_json  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     if args.block is not None:
-        from tadm.data.tokenizer import load_tokenizer
+        from tadm.data.tokenizer import load_tokenizer  # lazy: CLI start-up loads a command's modules only when it runs
 
         out = Path(args.out or throughput_results.block_path(args.block, args.blocks))
         result = throughput.run(p, models_dir=args.models, bos_id=load_tokenizer(args.tokenizer).bos_token_id,
@@ -82,7 +82,7 @@ def cmd_throughput(args) -> None:
 def cmd_table1_speed(args) -> None:
     """Table 1's timing block --block B (tadm.experiments.table1.time_block): every main row on the
     block's own prompt batches and sampling seed, timed in turns, nothing scored."""
-    from tadm.experiments import table1
+    from tadm.experiments import table1  # lazy: CLI start-up loads a command's modules only when it runs
 
     result = table1.time_block(common.load_params(args), args.block, root=Path(args.root), sft_dir=Path(args.sft),
                                out=Path(args.out) if args.out else None, control=not args.no_control)

@@ -9,6 +9,8 @@ from pathlib import Path
 from tadm import config
 from tadm.cli import common
 from tadm.cli.common import CORPUS_DIR, SFT_DIR, TOKENIZER_DIR, PACKED_DIR
+from tadm.errors import ConfigError
+from tadm.registry import METHODS
 
 # each command imports what it needs inside it: `python -m tadm <command>` then loads only that
 # command's modules (torch and transformers take seconds to import)
@@ -18,8 +20,7 @@ def cmd_profile(args) -> None:
     """Show the active profile, or switch params.yaml to another: refused (one line) where HEAD
     commits the results of another profile, unless --force; --restore brings the committed run
     back (tadm.config._switch)."""
-    from tadm.config import _switch
-    from tadm.errors import ConfigError
+    from tadm.config import _switch  # lazy: CLI start-up loads a command's modules only when it runs
 
     if args.restore:
         if args.name is not None:
@@ -45,8 +46,8 @@ def cmd_check(args) -> None:
     """Validate the params file (every key set, each in range), then estimate the memory of
     training each model of train.models and of the post-training base, and refuse (one line,
     exit 2) a setting that cannot fit the machine (tadm.memory_estimate has the formulas)."""
-    from tadm import memory_estimate as me
-    from tadm.experiments import replicates
+    from tadm import memory_estimate as me  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.experiments import replicates  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     replicates.check(p)
@@ -62,30 +63,30 @@ def cmd_check(args) -> None:
 
 
 def cmd_corpus(args) -> None:
-    from tadm.data import corpus
+    from tadm.data import corpus  # lazy: CLI start-up loads a command's modules only when it runs
 
     m = corpus.build(common.load_params(args).corpus, args.out or CORPUS_DIR)
     print(json.dumps(m["counts"]))
 
 
 def cmd_tokenizer(args) -> None:
-    from tadm.data import tokenizer
+    from tadm.data import tokenizer  # lazy: CLI start-up loads a command's modules only when it runs
 
     m = tokenizer.build(common.load_params(args).tokenizer, args.corpus, args.out or TOKENIZER_DIR)
     print(json.dumps(m["counts"]))
 
 
 def cmd_pack(args) -> None:
-    from tadm.data import packing
-    from tadm.data.tokenizer import load_tokenizer
+    from tadm.data import packing  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.data.tokenizer import load_tokenizer  # lazy: CLI start-up loads a command's modules only when it runs
 
     m = packing.build(common.load_params(args).packing, args.corpus, load_tokenizer(args.tokenizer), args.out or PACKED_DIR)
     print(json.dumps(m["counts"]))
 
 
 def cmd_sft(args) -> None:
-    from tadm.data import sft
-    from tadm.data.tokenizer import load_tokenizer
+    from tadm.data import sft  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.data.tokenizer import load_tokenizer  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     tok_name = args.tokenizer if p.sft.tokenizer == "project" else p.sft.tokenizer
@@ -96,10 +97,9 @@ def cmd_sft(args) -> None:
 def cmd_count(args) -> None:
     """Parameter counts of every model at the active profile, built on the meta device
     (nothing is allocated, no optimizer). Paper profile: TADM 224M + 38.85M training-only (its anchor LM head)."""
-    import torch
+    import torch  # lazy: CLI start-up loads a command's modules only when it runs
 
-    from tadm.models import build_model, count_parameters
-    from tadm.registry import METHODS
+    from tadm.models import build_model, count_parameters  # lazy: CLI start-up loads a command's modules only when it runs
 
     p = common.load_params(args)
     vocab = args.vocab or p.tokenizer.vocab_size
@@ -113,7 +113,7 @@ def cmd_count(args) -> None:
                       f"{(count_parameters(m) - used) / 1e6:.2f}M training-only parameters")
             else:
                 print(f"{kind}: {count_parameters(m) / 1e6:.2f}M parameters")
-    from tadm.posttrain import fusion
+    from tadm.posttrain import fusion  # lazy: CLI start-up loads a command's modules only when it runs
 
     pt = p.posttrain
     d = pt.base.hidden_size if pt.base_model == "local" else fusion.DIFFUSIONGEMMA_HIDDEN

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tadm import config
-from tadm.errors import TadmError
+from tadm.errors import ConfigError, TadmError
 
 JOBS_RECORD = Path("metrics/train/jobs.json")
 
@@ -21,7 +21,7 @@ TRAIN_AFTER = {"dg_posttrain": ("dg_base",), "dg_posttrain_fresh": ("dg_base",)}
 
 def posttrain_after(p: config.Params) -> dict[str, tuple[str, ...]]:
     """TRAIN_AFTER with the fusion replicates of `p` (each after dg_base, like its main run)."""
-    from tadm.posttrain.train import fusion_runs
+    from tadm.posttrain.train import fusion_runs  # lazy: CLI start-up loads a command's modules only when it runs
 
     return {**TRAIN_AFTER, **{r.name: ("dg_base",) for fresh in (False, True) for r in fusion_runs(p, fresh)[1:]}}
 
@@ -34,9 +34,8 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
     model, then the fusion's and the control's replicates of posttrain.replicates, also after the
     base: :func:`posttrain_after`). The cost is a proxy of the training FLOPs (tokens seen x layer passes x width^2) that
     orders the jobs longest first."""
-    from tadm.errors import ConfigError
-    from tadm.memory_estimate import layers
-    from tadm.train.trainer import replicate_name, replicate_seeds
+    from tadm.memory_estimate import layers  # lazy: CLI start-up loads a command's modules only when it runs
+    from tadm.train.trainer import replicate_name, replicate_seeds  # lazy: CLI start-up loads a command's modules only when it runs
 
     unknown = [r for r in args.runs if r not in p.train.models]
     if unknown:
@@ -65,7 +64,7 @@ def train_jobs(p: config.Params, args) -> list[tuple[str, list[str], float]]:
               cost(3 * layers(r, m), m.d_model, t.steps * t.global_batch * p.packing.seq_len))
              for r in t.replicate_models for seed in replicate_seeds(p)]
     e, b, pt, a = p.eval.trained, p.posttrain.base, p.posttrain, p.asrd
-    from tadm.posttrain.train import fusion_runs
+    from tadm.posttrain.train import fusion_runs  # lazy: CLI start-up loads a command's modules only when it runs
 
     # replicate k of the fusion, then of the control, k = 1, 2, ...: two side by side train one of each
     fusion_replicates = [run for pair in zip(fusion_runs(p, False)[1:], fusion_runs(p, True)[1:]) for run in pair]

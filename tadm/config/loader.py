@@ -5,6 +5,7 @@ checks, profiles rendered into ``params.yaml``, dotted-key overrides (module doc
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
 import re
 import types
@@ -232,8 +233,6 @@ class _CROSS_CHECKS:
 
     @staticmethod
     def RuntimeConfig(c: RuntimeConfig, p: str, src: str) -> None:
-        import re
-
         if not re.match(r"^(auto|cpu|cuda|cuda:\d+)$", c.device):
             raise ConfigError(f"{p}.device", f"must be auto, cpu, cuda or cuda:N, got {c.device!r}", src)
 
@@ -364,8 +363,6 @@ class _CROSS_CHECKS:
 
 
 def _glob_any(pattern: str) -> bool:
-    import glob
-
     return bool(glob.glob(str(Path(pattern).expanduser()), recursive=True))
 
 
@@ -471,7 +468,7 @@ PARAMS_HEADER = (
 
 def write_profile(name: str, path: str | Path = PARAMS_FILE) -> Path:
     """Render profile `name` into params.yaml (atomically)."""
-    from tadm.io import atomic_write_text
+    from tadm.io import atomic_write_text  # lazy: tadm.io (~13 ms) only to write a profile; every command's start-up loads this module
 
     raw = render_profile(name)
     text = PARAMS_HEADER.format(name=name) + yaml.safe_dump(raw, sort_keys=False, width=100)

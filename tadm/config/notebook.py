@@ -36,6 +36,8 @@ import typing
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 from tadm.config.loader import _check_rules, _convert, _type_name, load as load_params, override
 from tadm.config.params import Params
 from tadm.errors import ConfigError, TadmError
@@ -128,8 +130,6 @@ STAGE_ENV = "DVC_STAGE"  # set by dvc for the command of every stage it runs
 def pipeline_outputs(root: str | Path = ".") -> dict[str, str]:
     """Every output path (outs, metrics, plots) of the pipeline in `root`/dvc.yaml, mapped to its
     stage; a ``foreach`` stage's ``${...}`` is a wildcard. No dvc.yaml: no outputs."""
-    import yaml
-
     f = Path(root) / PIPELINE_FILE
     if not f.is_file():
         return {}
@@ -157,6 +157,7 @@ def check_outputs(paths: dict[str, tuple[Any, str]], root: str | Path = ".") -> 
     :func:`tadm.io.check_output_paths` (nothing written over what is there), then each refused
     in one line when it is, holds or lies inside an output of the pipeline in `root`, unless this
     run is a stage of ``dvc repro`` itself."""
+    # lazy: tadm.io (~13 ms) only for a notebook's outputs; `python -m tadm --help` loads this module
     from tadm.io import check_output_paths
 
     check_output_paths(paths, SOURCE)
@@ -188,7 +189,7 @@ def one_line_errors() -> None:
     cell as ``<ErrorClass>: <its one line>``, without the traceback; the cell still fails.
     Outside IPython: nothing."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # lazy: IPython (~0.1 s) is needed only inside a notebook kernel (absent: nothing to do)
     except ImportError:
         return
     shell = get_ipython()

@@ -150,7 +150,7 @@ def check_model_args(cfg: ModelConfig, vocab_size: int, seq_len: int) -> None:
 
 
 def _registry() -> dict[str, type[TadmModel]]:
-    import tadm.models  # noqa: F401  (importing the package registers every architecture)
+    import tadm.models  # noqa: F401  # lazy: tadm.models imports this module (a circle); it registers every architecture
 
     return MODEL_REGISTRY
 

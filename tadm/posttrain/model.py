@@ -34,6 +34,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def small_config(p: Params, vocab_size: int, eos_id: int, pad_id: int):
+    # lazy: kept in place: this file's syntax tree is the training fingerprint (a move forces retraining)
     from transformers import DiffusionGemmaConfig, DiffusionGemmaTextConfig, Gemma4VisionConfig
 
     b, pt = p.posttrain.base, p.posttrain
@@ -69,6 +70,7 @@ def load_base(source: str | Path, precision: str = "fp32", device: str | torch.d
     The weights are read in `precision` (the paper: bf16) and placed directly on `device`
     (``device_map={"": device}``, low-memory loading), so that each of N processes holds only
     its GPU copy, not a full-precision copy of a 26B model in host memory."""
+    # lazy: kept in place: this file's syntax tree is the training fingerprint (a move forces retraining)
     from transformers import DiffusionGemmaForBlockDiffusion
 
     is_local = local
@@ -77,6 +79,7 @@ def load_base(source: str | Path, precision: str = "fp32", device: str | torch.d
         raise DataError(f"{local}: no DiffusionGemma checkpoint here (config.json missing; run dvc repro train, or alone: python -m tadm dg-base)")
     device = torch.device(device)
     if local.exists():  # bound config.json against the weights' header before building
+        # lazy: kept in place: this file's syntax tree is the training fingerprint (a move forces retraining)
         from tadm.weights_header import check_hf_directory
 
         check_hf_directory(local, f"posttrain base {str(source)!r}", DTYPES[precision].itemsize, device)

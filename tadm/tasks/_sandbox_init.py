@@ -44,7 +44,7 @@ import sys
 
 def _load_beside(name: str):
     """A module from this file's directory (`python -I` leaves the script's directory off sys.path)."""
-    import importlib.util
+    import importlib.util  # lazy: kept in place (the sandbox's pid-1 script, python -I -S): only loading a module beside it needs it
     spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -182,7 +182,7 @@ def descriptors_to(wanted: dict[int, int]) -> None:
     """Move each host descriptor to the number the prelude knows ({target: fd}), inherited by the
     program. Each goes through a copy above 9 first, so that a descriptor already sitting on
     another's target is not overwritten before it moved."""
-    import fcntl
+    import fcntl  # lazy: kept in place (the sandbox's pid-1 script, python -I -S): only moving descriptors needs fcntl
 
     copies = {target: fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for target, fd in wanted.items()}
     for fd in set(wanted.values()) - set(wanted):

@@ -47,8 +47,8 @@ secret and writes the marker.
 def _sandbox_guard():
     """Install every guard: files, then processes and signals, the network, and last the import
     block (each module a guard patches is loaded here, before any is patched)."""
-    import _imp, _io, _posixsubprocess, _signal, _socket, builtins, errno, io, os, posix, shutil  # noqa: F401
-    import signal, socket, subprocess, sys  # noqa: F401
+    import _imp, _io, _posixsubprocess, _signal, _socket, builtins, errno, io, os, posix, shutil  # noqa: F401  # lazy: every module a guard patches, loaded before any is patched
+    import signal, socket, subprocess, sys  # noqa: F401  # lazy: every module a guard patches, loaded before any is patched
 
     def deny(what, target=None):
         raise PermissionError(errno.EPERM, f"sandbox: {what} is not allowed", target)
@@ -62,7 +62,7 @@ def _sandbox_guard():
 def _sandbox_guard_files(deny):
     """open / FileIO / the os.* calls that create, change or delete: refused outside the sandbox
     directory (the cwd)."""
-    import _io, builtins, io, os, posix, shutil
+    import _io, builtins, io, os, posix, shutil  # lazy: each guard imports what it patches as it installs
 
     root = os.path.realpath(os.getcwd())
 
@@ -144,7 +144,7 @@ def _sandbox_guard_files(deny):
 def _sandbox_guard_processes(deny):
     """No new process, no signal to another process; as pid 1, a signal to itself ends the
     program the way the signal would have (see the module docstring)."""
-    import _posixsubprocess, _signal, os, posix, signal, subprocess
+    import _posixsubprocess, _signal, os, posix, signal, subprocess  # lazy: each guard imports what it patches as it installs
 
     def no_process(*args, **kwargs):
         deny("starting a process")
@@ -214,7 +214,7 @@ def _sandbox_guard_processes(deny):
 
 def _sandbox_guard_network():
     """No sockets, no name lookups."""
-    import _socket, errno, socket
+    import _socket, errno, socket  # lazy: each guard imports what it patches as it installs
 
     def no_network(*args, **kwargs):
         raise OSError(errno.EACCES, "sandbox: network access is disabled")
@@ -233,7 +233,7 @@ def _sandbox_guard_network():
 
 def _sandbox_guard_imports():
     """No ctypes or multiprocessing, no fresh copies of the patched built-in modules."""
-    import _imp, sys
+    import _imp, sys  # lazy: each guard imports what it patches as it installs
 
     blocked = {"ctypes", "_ctypes", "multiprocessing", "_multiprocessing", "posix", "_posixsubprocess",
                "_signal", "_socket", "_io", "_imp"}
@@ -264,7 +264,7 @@ def _sandbox_codec():
     tuples, dicts, sets and frozensets of them (the standard library's dict types as a dict);
     anything else is refused (TypeError "not plain data"), and decoding builds fresh built-in
     objects."""
-    import collections, json
+    import collections, json  # lazy: kept in place: prelude text the sandboxed child runs; each function imports its own
 
     mappings = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
 
@@ -323,7 +323,7 @@ def _sandbox_channel(fd_in, fd_out):
     """A checked run's two halves talk over two pipes in frames (8 bytes of length, then JSON,
     at most _MESSAGE_LIMIT bytes), values crossing as plain data (:func:`_sandbox_codec`):
     (send, receive, encode, decode)."""
-    import json, os
+    import json, os  # lazy: kept in place: prelude text the sandboxed child runs; each function imports its own
 
     limit = _MESSAGE_LIMIT  # noqa: F821 -- the entry line's global
     encode, decode = _sandbox_codec()
@@ -405,7 +405,7 @@ def _sandbox_run(done_fd, role=None, channel=None):
     A checked run's checker (`role` "check") finds the completion's function as
     ``__sandbox_candidate__``; its completion (`role` ("serve", name)) answers calls of `name`
     after its last line ran."""
-    import os, sys
+    import os, sys  # lazy: kept in place: prelude text the sandboxed child runs; each function imports its own
 
     serve = role is not None and role != "check"  # the solution's half: no secret, no marker
     if not serve:

@@ -227,6 +227,7 @@ def _source_file(source: str, name: str) -> Optional[str]:
         path = os.path.join(source, name)
         return path if os.path.isfile(path) else None
     try:
+        # lazy: inside the try: a transformers without cached_file gives None, not an ImportError
         from transformers.utils import cached_file
 
         return cached_file(source, name, _raise_exceptions_for_missing_entries=False,

@@ -20,7 +20,9 @@ import json
 from pathlib import Path
 from typing import Mapping
 
+import safetensors.torch
 import torch
+from safetensors import safe_open
 
 from tadm import runtime
 from tadm.errors import DataError
@@ -41,8 +43,6 @@ def _one_line(text: object) -> str:
 
 def _saved_model_type(path: Path) -> str | None:
     """The model_type recorded in a safetensors file's metadata, if any (for error messages)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             return (f.metadata() or {}).get("model_type")
@@ -52,13 +52,11 @@ def _saved_model_type(path: Path) -> str | None:
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Read every tensor of a safetensors file onto the CPU; any failure is a CheckpointError."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint weights {str(path)!r} do not exist")
     try:
-        return load_file(str(path))
+        return safetensors.torch.load_file(str(path))
     except Exception as e:  # SafetensorError, OSError, ... : truncated, corrupted or not safetensors
         raise CheckpointError(
             f"{str(path)!r} is not a readable safetensors file (truncated or corrupted?): "
@@ -73,8 +71,6 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path) -> Path:
     save never leaves a half-written file; other files in the directory are kept.
     The weights are written first, so config.json only appears once they are complete.
     """
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: runtime.host(v).contiguous() for k, v in model.state_dict().items()}
@@ -82,7 +78,7 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path) -> Path:
         # one metadata key only: safetensors writes its metadata map in hash order, so two
         # keys would make the bytes of identical weights differ from run to run
         # (the format version lives in config.json)
-        save_file(tensors, str(tmp), metadata={"model_type": model.model_type})
+        safetensors.torch.save_file(tensors, str(tmp), metadata={"model_type": model.model_type})  # looked up at each call (a test replaces it)
     with atomic_path(directory / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(config_dict(model), indent=2, sort_keys=True) + "\n")
     return directory

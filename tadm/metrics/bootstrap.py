@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tadm.errors import DataError
+from tadm.metrics.mauve import mauve_score_features
 
 SEED = 0xB007
 
@@ -51,8 +52,6 @@ def mean_se(values: np.ndarray, B: int, seed: int = SEED) -> float:
 
 def mauve_se(p_features: np.ndarray, q_features: np.ndarray, B: int, seed: int = SEED) -> float:
     """MAUVE's bootstrap sd; p = the references, q = the samples (the released call order)."""
-    from tadm.metrics.mauve import mauve_score_features
-
     ip, iq = resamples(len(p_features), B, seed + 1), resamples(len(q_features), B, seed)
     return spread([mauve_score_features(p_features[a], q_features[b]) for a, b in zip(ip, iq)])
 
@@ -64,8 +63,6 @@ def paired_mauve_diff(reference: np.ndarray, a_features: np.ndarray, b_features:
     references serves both rows and one index vector draws both rows' samples (the rows share the
     reference set, so their MAUVEs move together; a difference's spread is not the quadrature of
     the two spreads). MAUVE is called as released (p = references, q = samples)."""
-    from tadm.metrics.mauve import mauve_score_features
-
     if len(a_features) != len(b_features):
         raise ValueError(f"paired_mauve_diff: {len(a_features)} samples against {len(b_features)}")
     diff = mauve_score_features(reference, a_features) - mauve_score_features(reference, b_features)

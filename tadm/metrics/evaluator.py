@@ -23,6 +23,7 @@ import torch
 
 from tadm.errors import DataError
 from tadm.io import HF_SAVED_FILES, atomic_path
+from tadm.weights_header import check_hf_directory
 
 SMOLLM2 = "smollm2"
 GPT2_LARGE = "gpt2-large"
@@ -65,7 +66,7 @@ def _cache_is_complete(directory: Path, marker: dict) -> bool:
 def smollm2_cache(cache_dir: str | Path) -> tuple[Path, bool]:
     """(directory of the safetensors copy of SmolLM2, whether it was built now). The GGUF file
     is read only when the copy is missing or was made from another GGUF file."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: transformers takes ~2 s to import; only loading SmolLM2 needs it
 
     if cache_dir is None:
         raise ValueError("cache_dir is required for evaluator 'smollm2' (the dequantized weights are cached there)")
@@ -104,6 +105,7 @@ def load_evaluator(name: str = SMOLLM2, cache_dir: str | Path | None = None,
     """``"smollm2"`` (offline; needs `cache_dir`), ``"gpt2-large"`` / another hub id, or a
     local transformers model directory; in `dtype` (bf16 on a GPU: `tadm.runtime`), on
     `device` (None: where ``from_pretrained`` puts it)."""
+    # lazy: transformers takes ~2 s to import; only loading the evaluator needs it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(name, str) or not name:
@@ -115,8 +117,6 @@ def load_evaluator(name: str = SMOLLM2, cache_dir: str | Path | None = None,
         local = Path(name).expanduser()
         source, where = ("local", str(local)) if local.exists() else ("hub", name)
     if source != "hub":  # a local directory: bound config.json against the weights' header before building
-        from tadm.weights_header import check_hf_directory
-
         check_hf_directory(where, f"evaluator {name!r}", dtype.itemsize)  # read on the host first
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)

@@ -27,6 +27,7 @@ directory is read as MAUVE's last-token featurizer.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -35,8 +36,10 @@ import numpy as np
 import torch
 
 from tadm.errors import DataError
+from tadm.metrics.evaluator import smollm2_cache
 from tadm.metrics.shards import map_batches
 from tadm.runtime import CPU, Dist
+from tadm.weights_header import check_hf_directory
 
 MINILM = "minilm"
 SMOLLM2 = "smollm2"
@@ -163,8 +166,6 @@ def _to(model, device):
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """A cheap identity of a model's weights (for cache keys): SHA-256 over every parameter's
     and buffer's name, shape, dtype and first 4096 values."""
-    import hashlib
-
     h = hashlib.sha256()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
@@ -184,15 +185,11 @@ def load_featurizer(name: str, device: str | torch.device | None = None, dtype: 
     """``"smollm2"`` (offline; needs the evaluator's `cache_dir`), ``"minilm"`` (offline),
     ``"gpt2-large"`` or another hub id (MAUVE's last-token features), or a local model
     directory (see the module docstring). `device` None: where ``from_pretrained`` puts it."""
-    from transformers import AutoModel, AutoTokenizer
-
-    from tadm.weights_header import check_hf_directory
+    from transformers import AutoModel, AutoTokenizer  # lazy: transformers takes ~2 s to import; only loading the featurizer needs it
 
     if not isinstance(name, str) or not name:
         raise DataError(f"featurizer: expected 'smollm2', 'minilm', a hub id or a model directory, got {name!r}")
     if name == SMOLLM2:
-        from tadm.metrics.evaluator import smollm2_cache
-
         path, _ = smollm2_cache(cache_dir)
         check_hf_directory(path, f"featurizer {name!r}", dtype.itemsize)  # read on the host first
         tokenizer = AutoTokenizer.from_pretrained(str(path))

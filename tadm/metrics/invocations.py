@@ -41,7 +41,7 @@ def cochran_q(values, ses) -> tuple[float, int, float]:
         return float("nan"), max(len(y) - 1, 0), float("nan")
     w = 1.0 / s ** 2
     q = float(np.sum(w * (y - np.sum(w * y) / np.sum(w)) ** 2))
-    from scipy.stats import chi2
+    from scipy.stats import chi2  # lazy: scipy.stats takes ~1 s to import; only Cochran's Q needs it
 
     return q, len(y) - 1, float(chi2.sf(q, len(y) - 1))
 

@@ -96,7 +96,8 @@ def _without_faiss_warnings() -> Iterator[None]:
 def mauve_from_features(p_features, q_features, num_threads: int | None = 1, **knobs):
     """The full ``compute_mauve`` result (``.mauve``, ``.frontier_integral``, histograms, ...)
     for precomputed (n, d) features; `knobs` override :data:`DEFAULTS`."""
-    import mauve
+    import mauve  # lazy: mauve-text takes ~6 s to import (faiss, scikit-learn); only scoring MAUVE needs it
+    # lazy: optional dependency (threadpoolctl, through mauve-text's scikit-learn); only MAUVE needs it
     from threadpoolctl import threadpool_limits
 
     p = _check_features("p_features", p_features)

@@ -41,6 +41,10 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Sequence
 
+import numpy as np
+
+from tadm.metrics.bootstrap import mean_se
+
 
 @dataclass(frozen=True)
 class Pooled:
@@ -103,10 +107,6 @@ def replicated_accuracy_delta(a_runs: Sequence, ref_runs: Sequence, pooled: Pool
     example bootstrap of those per-example differences (`bootstrap.mean_se`: which examples were
     asked, the decoding noise) with the pooled between-run variance (points^2) times 1/n_a for a
     trained arm (`a_trained`) plus 1/n_ref for a trained reference (`pooled` None: no training term)."""
-    import numpy as np
-
-    from tadm.metrics.bootstrap import mean_se
-
     a = np.stack([np.asarray(r, np.float64) for r in a_runs])  # (runs, seeds, examples)
     b = np.stack([np.asarray(r, np.float64) for r in ref_runs])
     if a.ndim != 3 or b.ndim != 3 or a.shape[2] != b.shape[2] or not a.size:
@@ -126,7 +126,7 @@ def critical(z: float, df: int | float | None) -> float:
         return z
     if df < 1:
         return math.inf
-    from scipy.stats import t
+    from scipy.stats import t  # lazy: scipy.stats takes ~1 s to import; only a t quantile needs it
 
     return float(t.ppf(NormalDist().cdf(z), df))
 
@@ -163,7 +163,7 @@ def _quantile(q: float, df: int | float | None) -> float:
     """Student's t quantile at `df` (the normal's for None / inf)."""
     if df is None or not math.isfinite(df):
         return NormalDist().inv_cdf(q)
-    from scipy.stats import t
+    from scipy.stats import t  # lazy: scipy.stats takes ~1 s to import; only a t quantile needs it
 
     return float(t.ppf(q, df))
 

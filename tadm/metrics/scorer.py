@@ -19,7 +19,12 @@ import torch
 from tadm import runtime
 from tadm.config import Params
 from tadm.data.packing import PackedTokens
+from tadm.errors import DataError
 from tadm.io import atomic_path, atomic_write_json
+from tadm.metrics import bootstrap, decode_samples, gen_ppl, load_evaluator, load_featurizer, mauve_score_features
+from tadm.metrics.entropy import sample_entropy
+from tadm.metrics.features import MAUVE_MAX_TOKENS, SMOLLM2, weights_fingerprint
+from tadm.metrics.gen_ppl import gen_ppl_and_features
 
 REFERENCE_CACHE_FORMAT = 1
 TRAINED = "trained"  # eval.evaluator / eval.featurizer: the judge the pipeline trains
@@ -30,8 +35,6 @@ def resolve(name: str) -> str:
     """An eval.evaluator / eval.featurizer value with "trained" mapped to the model directory."""
     if name == TRAINED:
         if not (MODEL_DIR / "config.json").is_file():
-            from tadm.errors import DataError
-
             raise DataError(f"eval evaluator 'trained': {MODEL_DIR} has no model; run the evaluator stage first "
                             "(dvc repro train, or alone: python -m tadm evaluator)")
         return str(MODEL_DIR)
@@ -42,8 +45,6 @@ def validation_tokens(packed_dir: str | Path, start: int, count: int) -> np.ndar
     """`count` held-out sequences (count, L) from validation sequence `start` on."""
     val = PackedTokens(Path(packed_dir) / "validation")
     if start + count > len(val):
-        from tadm.errors import DataError
-
         raise DataError(f"{packed_dir}/validation has {len(val)} sequences, need {start + count} "
                         "(eval.reference_samples + sample.num_samples)")
     return np.stack([val[i] for i in range(start, start + count)])
@@ -71,7 +72,6 @@ class Scorer:
         self._dist = dist
         # the evaluator is also the featurizer: one forward pass gives both (gen_ppl_and_features)
         self.joint = e.featurizer == e.evaluator
-        from tadm.metrics.features import SMOLLM2
 
         # the featurizer's convention: MAUVE's own (the last token's final state) for GPT-2 Large,
         # the trained judge and other models; the mean of the final states for SmolLM2. The trained
@@ -108,8 +108,6 @@ class Scorer:
     @property
     def evaluator(self):
         if self._evaluator is None:
-            from tadm.metrics import load_evaluator
-
             e = self.params.eval
             self._evaluator = load_evaluator(resolve(e.evaluator), cache_dir=e.cache_dir, device=self.dist.device,
                                              dtype=self.dtype)
@@ -119,8 +117,6 @@ class Scorer:
     def featurizer(self):
         """The MAUVE featurizer when it is not the evaluator (None when it is)."""
         if self._featurizer is None and not self.joint:
-            from tadm.metrics import load_featurizer
-
             e = self.params.eval
             self._featurizer = load_featurizer(resolve(e.featurizer), device=self.dist.device, dtype=self.dtype,
                                                batch_size=e.batch_size, cache_dir=e.cache_dir)
@@ -130,8 +126,6 @@ class Scorer:
         """How a torchrun worker rebuilds this Scorer (`tadm.experiments.worker`)."""
         tokenizer_dir = getattr(self.tokenizer, "name_or_path", None)
         if not tokenizer_dir:
-            from tadm.errors import DataError
-
             raise DataError("Scorer: the tokenizer does not say where it was loaded from (name_or_path); "
                             "load it with tadm.data.tokenizer.load_tokenizer")
         return {"tokenizer": str(tokenizer_dir), "packed_dir": str(self.packed_dir)}
@@ -139,10 +133,6 @@ class Scorer:
     # ------------------------------------------------------------------ features and Gen PPL
 
     def _ppl_and_features(self, texts: list[str]):
-        from tadm.metrics import gen_ppl
-        from tadm.metrics.features import MAUVE_MAX_TOKENS
-        from tadm.metrics.gen_ppl import gen_ppl_and_features
-
         batch, d = self.params.eval.batch_size, self.dist
         length = self.params.sample.canvas_length  # MDLM retokenizes with max_length = model.length
         with self.autocast():
@@ -169,8 +159,6 @@ class Scorer:
         fingerprint of its weights), the precision and device type they are computed in, the
         batch size (padding changes the last bits), and the reference texts themselves (the
         reference token ids decoded with the project tokenizer)."""
-        from tadm.metrics.features import MAUVE_MAX_TOKENS, weights_fingerprint
-
         e = self.params.eval
         model = self.evaluator.model if self.joint else self.featurizer.model
         return {"format": REFERENCE_CACHE_FORMAT, "featurizer": e.featurizer,
@@ -223,8 +211,6 @@ class Scorer:
     # ------------------------------------------------------------------ scoring
 
     def texts(self, tokens: np.ndarray) -> list[str]:
-        from tadm.metrics import decode_samples
-
         return decode_samples(tokens, self.tokenizer)
 
     def data_tokens(self) -> np.ndarray:
@@ -237,9 +223,6 @@ class Scorer:
         values, and the samples' MAUVE features (N, D) (saved beside them for paired bootstraps).
         MAUVE's clustering runs on every process on the same gathered features (deterministic,
         one thread), so every process returns it."""
-        from tadm.metrics import bootstrap, mauve_score_features
-        from tadm.metrics.entropy import sample_entropy
-
         reference = self.reference_features
         ppl, features = self._ppl_and_features(self.texts(tokens))
         entropy = sample_entropy(tokens)

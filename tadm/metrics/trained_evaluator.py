@@ -64,11 +64,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tadm import runtime
+from tadm import memory_estimate, runtime
 from tadm.config import Params
 from tadm.data.packing import PACK_HINT, PackedTokens
+from tadm.data.tokenizer import build_gpt2, load_tokenizer
 from tadm.io import HF_SAVED_FILES, read_manifest, atomic_path, atomic_write_json, sha256_file
-from tadm.metrics.scorer import MODEL_DIR, TRAINED, resolve  # noqa: F401 - te.resolve, te.MODEL_DIR as before
+from tadm.metrics import mauve_score_features
+from tadm.metrics.scorer import MODEL_DIR, TRAINED, Scorer, resolve  # noqa: F401 - te.resolve, te.MODEL_DIR as before
+from tadm.train import checkpoint
+from tadm.train.divergence import check_value
+from tadm.train.trainer import GlobalBatches, _seed, adamw, hold_run, resume_state
 
 BETAS = (0.9, 0.95)  # AdamW's: beta2 0.95 as train.betas (benchmarks/results/judge.md)
 CHECKPOINTS = Path("checkpoints/evaluator")
@@ -78,6 +83,7 @@ THRESHOLDS = {"mauve_data_data": (">=", 0.9), "mauve_data_shuffled": ("<=", 0.1)
 
 
 def build(p: Params, vocab: int, seq_len: int, bos_id: int, eos_id: int):
+    # lazy: transformers takes ~2 s to import; only building the GPT-2 evaluator needs it
     from transformers import GPT2Config, GPT2LMHeadModel
 
     c = p.eval.trained
@@ -203,8 +209,6 @@ def ladder_texts(texts: list[str], seed: int) -> list[tuple[str, float, list[str
 def train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool = False, log=print) -> dict:
     """Train the evaluator (resuming), save it to models/evaluator, measure its sanity checks.
     The run holds its checkpoint directory's lock throughout (a second run is refused)."""
-    from tadm.train.trainer import hold_run
-
     d = runtime.setup(p.runtime)
     with hold_run(CHECKPOINTS, d, "python -m tadm evaluator", {"model": MODEL_DIR.parent, "metrics": METRICS.parent}):
         return _train(p, data_dir, tokenizer_dir, restart, log, d)
@@ -212,18 +216,12 @@ def train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool = False,
 
 def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d: runtime.Dist) -> dict:
     """:func:`train`'s body, run under the lock of its checkpoint directory."""
-    from tadm.data.tokenizer import load_tokenizer
-    from tadm.train import checkpoint
-    from tadm.train.divergence import check_value
-    from tadm.train.trainer import GlobalBatches, _seed, adamw, resume_state
-
     manifest = data_dir / "manifest.json"
     meta = read_manifest(data_dir, "pack", PACK_HINT)["counts"]
     tokenizer = load_tokenizer(tokenizer_dir)
     train_data, valid = PackedTokens(data_dir / "train"), PackedTokens(data_dir / "validation")
     c = p.eval.trained
     # before anything is allocated: will it fit this machine? (counted on the meta device)
-    from tadm import memory_estimate
 
     memory_estimate.require(p, lambda q, on_gpu: memory_estimate.module_estimate(
         "train evaluator", lambda: build(q, meta["vocab_size"], meta["seq_len"], meta["bos_id"], meta["eos_id"])),
@@ -274,10 +272,6 @@ def _train(p: Params, data_dir: Path, tokenizer_dir: Path, restart: bool, log, d
 
 def sanity(p: Params, tokenizer, data_dir: Path, d: runtime.Dist) -> dict:
     """The three checks of the module docstring on the Data row's held-out sets."""
-    from tadm.data.tokenizer import build_gpt2
-    from tadm.metrics import mauve_score_features
-    from tadm.metrics.scorer import Scorer
-
     scorer = Scorer(dataclasses.replace(p, eval=dataclasses.replace(p.eval, evaluator=TRAINED, featurizer=TRAINED)),
                     tokenizer, data_dir, dist=d)
     data_texts = scorer.texts(scorer.data_tokens())

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import transformers.integrations.moe  # noqa: F401  (registers the op _transformers_grouped_mm counts; transformers loads lazily)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count, shape_wrapper
 
@@ -58,7 +59,6 @@ def _transformers_grouped_mm() -> dict:
     run where torch's kernel cannot: under torch.compile below bf16, CUDA before compute
     capability 8.0, CPU weights on torch <= 2.10 that are not 16-byte aligned (memory-mapped
     safetensors). A dispatch mode sees it as one op, not its mms; {} where it is not registered."""
-    import transformers.integrations.moe  # noqa: F401  (importing it registers the op; transformers loads lazily)
     op = getattr(torch.ops.transformers, "grouped_mm_fallback", None)
     return {op: _grouped_mm_flops} if op is not None else {}
 

@@ -25,10 +25,10 @@ def frontier_figure(df):
     """One row of panels per task of `df` (:func:`tadm.experiments.table1_render.frame`): accuracy (± sd
     over seeds; TADM K >= 2 and the control: the mean over fusion runs ± one run's sd over them)
     against throughput x (± its bootstrap se), and against compute x."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib takes ~0.7 s to import; only drawing the figure needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib takes ~0.7 s to import; only drawing the figure needs it
 
     tasks = list(dict.fromkeys(df.task))
     fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 4 * len(tasks)), squeeze=False)

@@ -56,6 +56,7 @@ from tadm.registry import method_for
 from tadm.sampling import (AdaptiveDrift, ComputeCounter, FixedInterval, RefreshPolicy, SamplerSettings, make_adapter,
                            sample, sample_ar)
 from tadm.sampling.ar import ARSettings
+from tadm.train.trainer import compile_blocks
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,6 @@ def prepare_model(model, params: Params, d: runtime.Dist):
     handle or None)."""
     runtime.cast_for_autocast(model, d.device, d.precision)
     if compiles_sampling(params, d.device):
-        from tadm.train.trainer import compile_blocks
-
         compile_blocks(model)
     setting = params.runtime.cuda_graphs
     note = cuda_graphs.cuda_graphs_note(setting, d.device)

@@ -101,7 +101,7 @@ class Staleness:
     den: dict[str, np.ndarray] = field(default_factory=dict)
 
     def frame(self):
-        import pandas as pd
+        import pandas as pd  # lazy: pandas takes ~0.4 s to import; only the frame needs it
 
         return pd.DataFrame(self.rows)
 
@@ -296,7 +296,7 @@ def summary(m: Staleness, bootstrap: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED
     every line), each with
     ``<column>_se``: its standard deviation over `bootstrap` resamples of the SEQUENCES (module
     docstring; one generator seeded with `seed`)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas takes ~0.4 s to import; only the summary needs it
 
 
     if not isinstance(m, Staleness):
@@ -379,11 +379,11 @@ def figure(df):
     similarity and distance, the prediction gap with the fusion (per time bin) beside the fusion
     bypassed and the reused prediction (means over steps; log scale), and the share of the
     bypassed gap the fusion recovers, each against cache age, one line per diffusion-time bin."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib and seaborn take ~2.5 s to import; only the figure needs them
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+    import matplotlib.pyplot as plt  # lazy: matplotlib and seaborn take ~2.5 s to import; only the figure needs them
+    import seaborn as sns  # lazy: matplotlib and seaborn take ~2.5 s to import; only the figure needs them
 
     sns.set_theme(style="whitegrid", context="paper")
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))

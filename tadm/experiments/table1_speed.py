@@ -6,6 +6,7 @@ The blocks themselves are timed by `tadm.experiments.table1.time_block`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tadm.config import Params
@@ -40,8 +41,6 @@ def _speed_signature(p: Params, methods: list) -> dict:
 def load_speed_blocks(p: Params, methods: list, directory: str | Path) -> list[dict]:
     """Timing blocks 1..timing.table1_blocks - 1 from `directory`, each checked to time this
     run's methods and tasks in its settings; a one-line DataError naming the file otherwise."""
-    import json
-
     want, out = _speed_signature(p, methods), []
     for b in range(1, p.timing.table1_blocks):
         path = speed_block_path(b, directory)
@@ -68,7 +67,7 @@ def combine_speed(rows: dict[str, dict], task: str, blocks: list[dict]) -> None:
     and the timing blocks combined (`tadm.metrics.invocations.combine`): exp(mean of the blocks'
     log ratios) ± their se on B - 1 df (throughput_df; never below the within-block part); the scored pass's own figure kept as
     throughput_x_scored, every block's in speed_blocks."""
-    from tadm.metrics import invocations
+    from tadm.metrics import invocations  # lazy: tadm.metrics imports torch (~1.5 s); `tadm table1-speed`'s output check loads this module
 
     for label, row in rows.items():
         per = [(row["throughput_x"], row.get("throughput_se"))]

@@ -43,6 +43,8 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from tadm.config import Params
+from tadm.data.tokenizer import load_tokenizer
+from tadm.errors import ConfigError
 from tadm.experiments import worker
 from tadm.experiments.sampling import SampleRun, draw_samples, reusable_samples, save_samples, shared_record
 from tadm.io import atomic_path, atomic_write_json
@@ -74,8 +76,6 @@ ROWS: Mapping[str, Row] = _Rows()
 
 
 def _job_scorer(p: Params, d, args: dict) -> Scorer:
-    from tadm.data.tokenizer import load_tokenizer
-
     return Scorer(p, load_tokenizer(args["tokenizer"]), args["packed_dir"], dist=d)
 
 
@@ -150,8 +150,6 @@ def run_row(name: str, params: Params, scorer: Scorer, *, models_dir: str | Path
     torchrun workers (`tadm.experiments.worker`) and this returns what they wrote."""
     too_large = [T for T in (steps or params.sample.steps) if K is not None and K > T]
     if too_large:  # before any work
-        from tadm.errors import ConfigError
-
         raise ConfigError("K", f"must be <= T ({too_large[0]}; a larger K refreshes only at the start, as K = "
                           f"{too_large[0]} does), got {K}", "sampling")
     kwargs = dict(models_dir=str(models_dir), samples_dir=str(samples_dir), steps=steps, K=K, adaptive=adaptive,

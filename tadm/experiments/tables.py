@@ -205,11 +205,11 @@ def save_figure(fig, out: str | Path, name: str) -> None:
 def tradeoff_figure(table2: list[dict], sweep: list[dict] | None = None):
     """Quality (Gen PPL, MAUVE) against compute (layer calls per sequence batch), every row and
     budget; the TADM refresh sweep as a connected line."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib and seaborn take ~2.5 s to import; only the figure needs them
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+    import matplotlib.pyplot as plt  # lazy: matplotlib and seaborn take ~2.5 s to import; only the figure needs them
+    import seaborn as sns  # lazy: matplotlib and seaborn take ~2.5 s to import; only the figure needs them
 
     full = long_frame(table2)
     df = full.dropna(subset=["layer_calls"])

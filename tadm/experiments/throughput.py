@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from tadm import runtime
 from tadm.config import Params
@@ -87,6 +88,7 @@ from tadm.experiments.table2 import ROWS
 from tadm.experiments.throughput_results import BLOCK_FORMAT, speed_references, summarize
 from tadm.io import atomic_write_json
 from tadm.registry import method_for
+from tadm.sampling import make_adapter, sample, sample_ar
 
 
 CALL_COUNTERS = ("model_calls", "reused_calls", "anchor_calls", "anchor_layer_calls", "denoiser_layer_calls",
@@ -162,8 +164,6 @@ def prepare(name: str, spec: sampling.SampleRun, model, params: Params, d: runti
     sampling batch `block` of the run (block 0: the row stage's first batch): for a diffusion
     model its trajectory is run to step `start` and paused there (not timed); the call resumes
     from that state for `window` steps. AR: its whole draw."""
-    from tadm.sampling import make_adapter, sample, sample_ar
-
     cfg, L = params.sample, model.seq_len
     if cfg.canvas_length != L:
         raise DataError(f"sample.canvas_length={cfg.canvas_length} but {spec.model_dir} was trained with L={L}")
@@ -273,7 +273,6 @@ def run(params: Params, *, models_dir: str | Path = "models", bos_id: int, rows:
     for name, spec in runs.items():
         if not Path(spec.model_dir).is_dir():
             raise DataError(f"throughput: {spec.model_dir} (row {name}) does not exist: run the train stage first")
-    import torch
 
     t0 = time.perf_counter()
     batch = timing_batch(cfg)

@@ -60,6 +60,7 @@ results/throughput.json (``FORMAT`` 2)::
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -306,8 +307,6 @@ def combine(blocks: list[dict], where: str = str(BLOCKS_DIR)) -> dict:
 
 def load_blocks(directory: str | Path = BLOCKS_DIR) -> list[dict]:
     """Every block_<b>.json in `directory` (a one-line DataError when there is none)."""
-    import json
-
     directory = Path(directory)
     files = sorted(directory.glob("block_*.json")) if directory.is_dir() else []
     if not files:
@@ -318,8 +317,6 @@ def load_blocks(directory: str | Path = BLOCKS_DIR) -> list[dict]:
 
 def load(path: str | Path = OUT) -> dict:
     """results/throughput.json, or a one-line DataError naming it when it is missing."""
-    import json
-
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path} is missing: Table 2's tokens/s come from the throughput stage "

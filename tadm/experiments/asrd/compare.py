@@ -53,11 +53,16 @@ from tadm.asrd.backends import Backend, DiffusionGemmaBackend, MaskedBackend
 from tadm.asrd.decode import DecodeSettings, decode
 from tadm.asrd.train import MODEL_DIR, task_sets
 from tadm.config import Params
+from tadm.data.tokenizer import load_tokenizer
 from tadm.errors import DataError
-from tadm.experiments import diffusiongemma
+from tadm.experiments import diffusiongemma, worker
+from tadm.experiments.asrd.llada import llada_plan  # the seed's own model family (paper profile; none by default)
 from tadm.experiments.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Variant, _settings, backend_of, variants  # noqa: F401 - the comparison's names
 from tadm.experiments.table1_render import speed_cell
+from tadm.experiments.worker import optional_path
 from tadm.io import atomic_write_json
+from tadm.metrics.bootstrap import paired_speedup
+from tadm.models import load_pretrained
 
 SWEEPS = ("capacity", "window", "block_size")
 
@@ -101,8 +106,6 @@ class MaskedRunner(Batches):
     name = "masked"
 
     def __init__(self, p: Params, tokenizer, root: Path, dist: runtime.Dist | None = None):
-        from tadm.models import load_pretrained
-
         self.dist = dist or runtime.setup(p.runtime)
         self.model = load_pretrained(root / MODEL_DIR, map_location=self.dist.device)
         self.layout = T.Layout(tokenizer, p.asrd.prompt_tokens, p.asrd.response_tokens)
@@ -156,8 +159,6 @@ class DiffusionGemmaRunner(Batches):
 
 def worker_job(p: Params, d: runtime.Dist, args: dict) -> dict:
     """Worker job "asrd" (`tadm.experiments.worker`): :func:`run` in one torchrun process."""
-    from tadm.experiments.worker import optional_path
-
     log = print if d.main else (lambda *_: None)
     return run(p, root=Path(args["root"]), out=optional_path(args.get("out")), log=log, dist=d)
 
@@ -167,9 +168,6 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
     """Every (task, model, method) over asrd.seeds; writes results/asrd.json. On the device of
     `dist` (None: `runtime.setup(p.runtime)`); with runtime.nproc > 1 (and not under torchrun
     already) in torchrun workers (`tadm.experiments.worker`), whose result is returned."""
-    from tadm.data.tokenizer import load_tokenizer
-    from tadm.experiments import worker
-
     if worker.needs_launch(p, "asrd"):
         return worker.launch("asrd", p, {"root": str(root), "out": str(out or root / "results" / "asrd.json")})
     a = p.asrd
@@ -179,7 +177,6 @@ def run(p: Params, root: Path = Path("."), out: Path | None = None, log=print,
     dg = DiffusionGemmaRunner(p, root, d)
     plan = [("arithmetic", masked, variants(p, a.steps, False)), ("spelling", masked, variants(p, a.steps, False)),
             ("arithmetic", dg, variants(p, a.dg_steps, True))]
-    from tadm.experiments.asrd.llada import llada_plan  # the seed's own model family (paper profile; none by default)
 
     for name, task, runner, vs in llada_plan(p, d):
         plan.append((name, runner, vs))
@@ -251,9 +248,7 @@ def frame(results: dict):
     (`DecodeCounters.layer_calls_weighted`) against the own base's (NaN without one);
     `matched`: within 0.01 of the row's budget `budget_x` (TADM's share at its K; the LLaDA
     cache rows refreshed every K), never for a row without one."""
-    import pandas as pd
-
-    from tadm.metrics.bootstrap import paired_speedup
+    import pandas as pd  # lazy: pandas takes ~0.4 s to import; only the results frame needs it
 
     lines = []
     for g in results["groups"]:
@@ -372,7 +367,7 @@ def metrics_dict(df) -> dict:
 def sweep_frame(results: dict):
     """One line per (task, sweep, value): ASRD and its base (low-confidence + threshold at the
     same block size) on the sweeps' examples and seed."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas takes ~0.4 s to import; only the sweep frame needs it
 
     lines = []
     for pt in results.get("sweeps", {}).get("points", []):

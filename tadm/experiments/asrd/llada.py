@@ -39,7 +39,10 @@ from tadm.caches.catalog import CacheSpec
 from tadm.config import Params
 from tadm.errors import DataError
 from tadm.experiments.asrd.runner import ASRD_BASE, BASELINE, Batches, Variant, variants
+from tadm.models import llada
+from tadm.models.llada import chat_ids
 from tadm.registry import LLADA_CACHES
+from tadm.tasks.suite import build_task
 
 END_OF_TURN = "<|eot_id|>"  # LLaDA-Instruct's end of an assistant turn (besides EOS)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -63,8 +66,6 @@ class BenchmarkTask:
 def benchmark_tasks(p: Params, unsafe_host_execution: bool = False) -> dict[str, BenchmarkTask]:
     """``asrd.llada_tasks`` from the paper's benchmark suite (sources: posttrain.task_sources,
     GSM8K's default sft.gsm8k), the first ``asrd.llada_eval_examples`` of each (0: all)."""
-    from tadm.tasks.suite import build_task
-
     out = {}
     for name in p.asrd.llada_tasks:
         source = p.posttrain.task_sources.get(name) or (p.sft.gsm8k if name == "gsm8k" else None)
@@ -80,8 +81,6 @@ class LladaRunner(Batches):
     name = "llada"
 
     def __init__(self, p: Params, dist: runtime.Dist | None = None, model=None, tokenizer=None):
-        from tadm.models import llada
-
         self.dist = dist or runtime.setup(p.runtime)
         self.batch, self.gen = p.asrd.llada_batch_size, p.asrd.llada_gen_tokens
         if model is None or tokenizer is None:
@@ -110,8 +109,6 @@ class LladaRunner(Batches):
         """(canvas (B, P + G) long, region (P + G,) bool, attention mask (B, P + G) bool):
         left-padded chat prompts, then the G = asrd.llada_gen_tokens positions to generate (the
         mask token); the attention mask is False exactly at the pads."""
-        from tadm.models.llada import chat_ids
-
         ids = [chat_ids(self.tok, text) for text in prompts]
         width = max(len(i) for i in ids)
         limit = self.model.cfg.max_sequence_length

@@ -22,11 +22,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from tadm.config import Params
+from tadm.config.loader import from_dict
 from tadm.errors import DataError
-from tadm.metrics.bootstrap import resamples, spread
+from tadm.experiments.table2 import load_paired
+from tadm.io import json_loads, read_regular_text
+from tadm.losses import ar_nll
+from tadm.metrics.bootstrap import paired_log_ppl_ratio, paired_mauve_diff, resamples, spread
+from tadm.metrics.mauve import mauve_score_features
 from tadm.metrics.replicates import Pooled, pooled_between
+from tadm.models.loading import load_pretrained
 from tadm.train.trainer import seeds_after
 
 
@@ -59,8 +66,6 @@ class Inputs:
         """a - b in `metric` per training run both rows were drawn from: {"n": samples of the
         tables' run, "per_seed": {seed: (difference, its paired-bootstrap variance)}} ("mauve":
         MAUVE(a) - MAUVE(b) on the shared references; "log_ppl": log(PPL a / PPL b))."""
-        from tadm.metrics.bootstrap import paired_log_ppl_ratio, paired_mauve_diff
-
         def compute():
             A, B = self.draws(a_row, T), self.draws(b_row, T)
             B_ = self.params.eval.bootstrap
@@ -80,8 +85,6 @@ class Inputs:
     def paired_ratio(self, a_dir: str, b_dir: str, T: int) -> tuple[float, float, int] | None:
         """log(PPL a / PPL b) of two sample directories of one model (paired bootstrap over
         samples): (value, se, n), None when either is missing."""
-        from tadm.metrics.bootstrap import paired_log_ppl_ratio
-
         def compute():
             a, b = self.paired(a_dir, T), self.paired(b_dir, T)
             if a is None or b is None:
@@ -97,11 +100,6 @@ class Inputs:
         a second judge's view of the same cell; None when the samples or the AR model are absent."""
 
         def compute():
-            import torch
-
-            from tadm.losses import ar_nll
-            from tadm.models.loading import load_pretrained
-
             path, model_dir = self.root / "samples" / row / f"T{T}.npy", self.root / "models" / "ar"
             if not path.is_file() or not (model_dir / "config.json").is_file():
                 return None
@@ -135,9 +133,6 @@ class Inputs:
     @staticmethod
     def from_json(path: str | Path) -> "RecordedInputs":
         """The `Inputs` a claims stage recorded in `path` (`to_json`)."""
-        from tadm.config.loader import from_dict
-        from tadm.io import json_loads, read_regular_text
-
         path = Path(path)
         try:
             data = json_loads(read_regular_text(path, 64 * 2 ** 20))
@@ -169,8 +164,6 @@ class Inputs:
         return self.params.sample.refresh_every(T)
 
     def paired(self, samples_dir: str | Path, T: int | None) -> dict | None:
-        from tadm.experiments.table2 import load_paired
-
         return None if T is None else load_paired(self.root / samples_dir, T)
 
     def draws(self, row: str, T: int | None) -> dict[int, dict]:
@@ -262,8 +255,6 @@ def _cell_stat(metric: str, d: dict, B: int) -> tuple[float, float]:
     n = len(d["nll"])
     idx = resamples(n, max(B, 2))
     if metric == "mauve":
-        from tadm.metrics.mauve import mauve_score_features
-
         ref, feats = d["reference"], d["features"]
         return (mauve_score_features(ref, feats),
                 spread([mauve_score_features(ref, feats[i]) for i in idx]) ** 2)

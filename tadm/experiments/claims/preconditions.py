@@ -68,7 +68,7 @@ def _judge_agrees_with_ar(inp: Inputs, gates: list[str]) -> dict | None:
     """The judge's Gen PPL and the AR model's perplexity order Table 2's cells (every diffusion row
     at every budget, the tables' run) alike: Spearman's rank correlation at least
     claims.judge_ar_rank_min. None when fewer than three cells have both."""
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # lazy: scipy.stats takes ~1 s to import; only this precondition needs it
 
     pairs = {}
     for row, r in sorted(inp.table2.items()):

@@ -20,7 +20,7 @@ from tadm.metrics.replicates import critical, runs_needed
 def _cdf(x: float, df: float | None) -> float:
     if df is None or not math.isfinite(df):
         return NormalDist().cdf(x)
-    from scipy.stats import t
+    from scipy.stats import t  # lazy: scipy.stats takes ~1 s to import; only a t-based rule needs it
 
     return float(t.cdf(x, df))
 
@@ -30,7 +30,7 @@ def _ppf(q: float, df: float | None) -> float:
         return NormalDist().inv_cdf(q)
     if df < 1:
         return math.inf
-    from scipy.stats import t
+    from scipy.stats import t  # lazy: scipy.stats takes ~1 s to import; only a t-based rule needs it
 
     return float(t.ppf(q, df))
 

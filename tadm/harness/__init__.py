@@ -40,8 +40,14 @@ Nothing here is imported by ``import tadm``; lm-eval is pinned in requirements/l
 
 from __future__ import annotations
 
+import argparse
+import copy
+import os
 import sys
 from pathlib import Path
+
+from tadm.errors import ConfigError, TadmError
+from tadm.io import check_output_path
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 PROG = "python -m tadm.harness"
@@ -54,8 +60,6 @@ REFUSED_GEN_KWARGS = {"tadm": ("temperature", "top_k", "top_p", "do_sample"),
 def harness_argv(argv: list[str]) -> list[str]:
     """The harness's arguments for `argv`: this package's tasks on the task path unless
     ``--include_path`` is given. Refuses ``--confirm_run_unsafe_code`` (module docstring)."""
-    from tadm.errors import ConfigError
-
     if any(a == "--confirm_run_unsafe_code" or a.startswith("--confirm_run_unsafe_code=") for a in argv):
         raise ConfigError("--confirm_run_unsafe_code", "refused: the harness would run generated code on the host "
                           "unsandboxed; Table 1 scores HumanEval and LiveCodeBench inside tadm.tasks.sandbox "
@@ -86,8 +90,6 @@ def check_output_path_arg(argv: list[str]) -> None:
     write over what is there: lm-eval writes ``<stem>_<date>.json`` beside a path ending in
     ``.json`` (a file path: an existing folder there is refused) and makes folders under any
     other (a folder path: an existing file there is refused)."""
-    from tadm.io import check_output_path
-
     value = output_path_arg(argv)
     if value:
         check_output_path(value, "file" if value.endswith(".json") else "dir", "--output_path", "tadm.harness")
@@ -96,10 +98,6 @@ def check_output_path_arg(argv: list[str]) -> None:
 def check_output_writable(value: str | None) -> None:
     """``--output_path``: where the results go must be writable now, not found unwritable after the
     whole evaluation (its nearest existing folder, or the file's folder, writable by this user)."""
-    import os
-
-    from tadm.errors import ConfigError
-
     if not value:
         return
     path = Path(value).expanduser()
@@ -113,8 +111,6 @@ def check_output_writable(value: str | None) -> None:
 
 def check_args(args) -> None:
     """lm-eval's parsed arguments, refused in one line where this launcher does not run them."""
-    from tadm.errors import ConfigError
-
     def refuse(flag: str, why: str) -> None:
         raise ConfigError(flag, why, "tadm.harness")
 
@@ -136,8 +132,6 @@ def check_args(args) -> None:
 def check_model_args(argv: list[str]) -> None:
     """Every ``--model_args`` string of `argv`: a key given twice (``K=2,K=3``: the harness would
     keep one silently) is refused in one line."""
-    from tadm.errors import ConfigError
-
     for i, a in enumerate(argv):
         value = argv[i + 1] if a == "--model_args" and i + 1 < len(argv) else (
             a.split("=", 1)[1] if a.startswith("--model_args=") else None)
@@ -160,8 +154,6 @@ def prepare_run(args, explicit_seed: bool) -> None:
     docstring): --gen_kwargs keys the sampler does not take refused, an explicit --seed forwarded
     as the model's seed, and ``pretrained`` added (the model directory) when absent. Other models
     are left as lm-eval runs them."""
-    from tadm.errors import ConfigError
-
     model = getattr(args, "model", None)
     if model not in OUR_MODELS:
         return
@@ -184,8 +176,10 @@ def prepare_run(args, explicit_seed: bool) -> None:
                           "give one", "tadm.harness")
     if "pretrained" not in model_args and "model_path" not in model_args:
         if model == "tadm":
+            # lazy: imports torch and lm-eval (~2 s) and this package (a circle); arguments are checked first
             from tadm.harness.model import default_model_dir
         else:
+            # lazy: imports torch and lm-eval (~2 s) and this package (a circle); arguments are checked first
             from tadm.harness.pretrain import default_model_dir
         directory = default_model_dir(model_args)
         if directory:
@@ -214,12 +208,8 @@ def preflight_tasks(args) -> None:
     """Load the tasks of a ``run`` once, before the model: a task that cannot be loaded (its
     dataset not available, e.g. a hub dataset offline) is one line naming it, and few-shot
     examples that would come from the scored documents are refused (module docstring)."""
-    import copy
-    import os
-
+    # lazy: optional dependency (lm-eval, the harness extra), loaded after the arguments are checked
     from lm_eval.config.evaluate_config import EvaluatorConfig
-
-    from tadm.errors import ConfigError
 
     if not getattr(args, "tasks", None):
         return
@@ -247,8 +237,6 @@ def preflight_tasks(args) -> None:
 
 def _strict(parser) -> None:
     """No prefix matching and one-line errors for `parser` and its subcommands."""
-    import argparse
-
     def error(message: str, prog: str = parser.prog):
         print(f"{prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
@@ -264,17 +252,15 @@ def _strict(parser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m tadm.harness ARGS``: lm-eval's command line with the tadm model and tasks;
     every argument checked before anything loads (module docstring)."""
-    import os
-
-    from tadm.errors import TadmError
-
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = harness_argv(argv)
-        import lm_eval.models  # noqa: F401  (lm-eval's own models: registered before ours, so none is hidden)
-        import tadm.harness.model  # noqa: F401  (registers the model "tadm")
-        import tadm.harness.pretrain  # noqa: F401  (registers the model "tadm_pretrain")
+        import lm_eval.models  # noqa: F401  # lazy: optional dependency (lm-eval), after the arguments are checked; its models register before ours
+        import tadm.harness.model  # noqa: F401  # lazy: registers the model "tadm"; imports torch and this package (a circle)
+        import tadm.harness.pretrain  # noqa: F401  # lazy: registers "tadm_pretrain"; imports torch and this package (a circle)
+        # lazy: optional dependency (lm-eval, the harness extra), loaded after the arguments are checked
         from lm_eval._cli.harness import HarnessCLI
+        # lazy: optional dependency (lm-eval, the harness extra), loaded after the arguments are checked
         from lm_eval.utils import setup_logging
 
         sys.argv = [PROG, *args]

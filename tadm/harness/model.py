@@ -41,6 +41,7 @@ import contextlib
 import dataclasses
 import hashlib
 import re
+import time
 import unicodedata
 from collections import defaultdict
 from pathlib import Path
@@ -48,6 +49,7 @@ from pathlib import Path
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from tqdm import tqdm
 
 from tadm import config, runtime
 from tadm.errors import ConfigError, TadmError
@@ -128,7 +130,9 @@ class _DiffusionGemmaRow:
     through Table 1's `Runner` with every prompt on its own random stream."""
 
     def __init__(self, p, d, row: str, k: int | None, root: Path):
+        # lazy: imports transformers (~2 s); only the DiffusionGemma rows need it, not LLaDA's
         from tadm.experiments.diffusiongemma import load_models
+        # lazy: imports transformers (~2 s); only the DiffusionGemma rows need it, not LLaDA's
         from tadm.experiments.table1 import CONTROL, Runner, Table1Method
 
         base, tadm, fresh, tok = load_models(p, root, d, control=row == "control")
@@ -162,6 +166,7 @@ class _LladaRow:
     `llada` model argument), named by its label's slug (:func:`slug`)."""
 
     def __init__(self, p, d, variant: str | None):
+        # lazy: the harness imports this module at start-up; only LLaDA rows load the ASRD stack (~0.15 s)
         from tadm.experiments.asrd.llada import LladaRunner, llada_variants
 
         known = {slug(v.label): v for v in llada_variants(p)}
@@ -186,8 +191,7 @@ class _LladaRow:
         """One batch; the decoder's draws (where the row has any) come from the first prompt's
         stream, so a stochastic row's completions depend on the batch (low-confidence, the
         threshold and the caches decode greedily at asrd.temperature 0)."""
-        import time
-
+        # lazy: the harness imports this module at start-up; only LLaDA rows load the ASRD stack (~0.15 s)
         from tadm.experiments.asrd.llada import BenchmarkTask
 
         task = BenchmarkTask("harness", list(prompts), lambda i, text: False)
@@ -223,7 +227,7 @@ def row_model_dir(p, row: str, root: Path) -> str:
     """The model directory a row loads: TADM's fusion (models/dg_tadm), the control's
     (models/dg_fresh), the base (models/dg_base or posttrain.base_model) for the base and the
     caches, LLaDA (asrd.llada_model) for row llada."""
-    from tadm.posttrain import model as dgm
+    from tadm.posttrain import model as dgm  # lazy: tadm.posttrain.model imports transformers (~2 s); only the DiffusionGemma rows need it
 
     if row == LLADA:
         return p.asrd.llada_model
@@ -345,8 +349,6 @@ class TadmLM(LM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Each request's completion (module docstring): batches of equal generation settings, in
         request order, each prompt on its own random stream."""
-        from tqdm import tqdm
-
         groups: dict[int, list[int]] = defaultdict(list)  # generated length -> request indices
         settings = []
         for i, req in enumerate(requests):
@@ -404,6 +406,7 @@ class TadmLM(LM):
     def speed(self) -> dict:
         """Generated tokens / s as Table 1 counts them, per generated length (canvas positions
         per prompt): the full batches' median time (tadm.experiments.table1_stats.throughput)."""
+        # lazy: the harness imports this module at start-up; only the speed report loads tadm.metrics
         from tadm.experiments.table1_stats import throughput
 
         return {str(n): throughput(timed, n) for n, timed in sorted(self.timed.items())}

@@ -55,11 +55,13 @@ from pathlib import Path
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from tqdm import tqdm
 
 from tadm import config, runtime
 from tadm.errors import ConfigError, DataError, TadmError
 from tadm.harness import likelihood as lk
 from tadm.harness.model import HarnessRefused, SEED_MAX, _whole, cut_at, harness_error, pretrained_arg, request_seed
+from tadm.registry import METHODS, TABLE2_ROWS, method_for
 
 MODEL_NAME = "tadm_pretrain"
 MC_NUM, MC_BATCH = 128, 32
@@ -69,14 +71,10 @@ DEFAULT_ROW = "mdlm"  # the row without row= or pretrained=
 
 def pretrain_rows() -> tuple[str, ...]:
     """Table 2's rows that run a trained model (the Data row has none)."""
-    from tadm.registry import TABLE2_ROWS
-
     return tuple(name for name in TABLE2_ROWS.names() if TABLE2_ROWS[name].model)
 
 
 def _row(name: str):
-    from tadm.registry import TABLE2_ROWS
-
     if name not in pretrain_rows():
         raise harness_error("model_args.row", f"must be one of {', '.join(pretrain_rows())}, got {name!r}")
     return TABLE2_ROWS[name]
@@ -94,8 +92,6 @@ def default_model_dir(model_args: dict) -> str | None:
 
 def _first_row(run: str, model_type: str):
     """The first Table 2 row of run `run` (a directory name), else of the method of `model_type`."""
-    from tadm.registry import TABLE2_ROWS, method_for
-
     rows = [TABLE2_ROWS[n] for n in pretrain_rows()]
     for r in rows:
         if r.model == run:
@@ -129,9 +125,10 @@ class TadmPretrainLM(LM):
                  root: str = ".", tokenizer: str | None = None, batch_size=1, max_batch_size=None,
                  device: str | None = None, **unused):
         super().__init__()
+        # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
         from tadm.models import load_pretrained
+        # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
         from tadm.models.loading import read_checkpoint_config
-        from tadm.registry import METHODS, method_for
 
         if unused:
             raise harness_error("model_args", f"unknown argument(s) {', '.join(sorted(unused))} (known: pretrained, "
@@ -182,6 +179,7 @@ class TadmPretrainLM(LM):
         self.seq_len = self.model.seq_len
         self.mask_id = self.model.mask_id if self.unit.masked else None  # AR: no mask token
         self.schedule = self.unit.noise_schedule(lk.EPS)
+        # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
         from tadm.methods.sedd import SEDDMethod
 
         self.sedd = issubclass(self.unit, SEDDMethod)
@@ -194,6 +192,7 @@ class TadmPretrainLM(LM):
         self.generated_truncated = 0  # generation requests whose max_gen_toks the canvas cut
 
     def _tokenizer(self, name, directory: str, root: Path):
+        # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
         from tadm.data.tokenizer import load_tokenizer
 
         if name is not None:
@@ -237,8 +236,6 @@ class TadmPretrainLM(LM):
     # ------------------------------------------------------------------ likelihoods
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        from tqdm import tqdm
-
         out = []
         for req in tqdm(requests, desc=f"tadm_pretrain[{self.row.name}]", disable=disable_tqdm):
             context, continuation = req.args
@@ -265,8 +262,6 @@ class TadmPretrainLM(LM):
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        from tqdm import tqdm
-
         out = []
         for req in tqdm(requests, desc=f"tadm_pretrain[{self.row.name}] rolling", disable=disable_tqdm):
             (text,) = req.args[:1]
@@ -299,8 +294,6 @@ class TadmPretrainLM(LM):
         return p
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        from tqdm import tqdm
-
         out, seen = [], {}
         for req in tqdm(requests, desc=f"tadm_pretrain[{self.row.name}] generate", disable=disable_tqdm):
             context, gen = req.args
@@ -336,6 +329,7 @@ class TadmPretrainLM(LM):
         return z[0, len(prompt):len(prompt) + n].tolist()
 
     def _generate_ar(self, prompt: list[int], n: int, nucleus_p: float, generator: torch.Generator) -> list[int]:
+        # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
         from tadm.sampling.nucleus import draw_nucleus
         cache = self.model.new_cache(self.seq_len)
         logits = self.model.forward_cached(torch.tensor([prompt], device=self.dev), cache)[:, -1]
@@ -372,10 +366,13 @@ def prompt_clamped_trajectory(model, z: torch.Tensor, prompt_len: int, sampler_n
     uniform per position a step settling which positions decode or re-mask, SUBS x_theta at the
     decoded rows in float64, one nucleus draw per decoded row. TADM's anchor is refreshed every
     `k` steps (`FixedInterval`)."""
-    from tadm.registry import method_for
+    # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
     from tadm.sampling import FixedInterval, SamplerSettings, make_adapter
+    # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
     from tadm.sampling.base import PRECISIONS, build_sampler, decoded_rows, x_theta_rows
+    # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
     from tadm.sampling.loop import mask_generator
+    # lazy: the harness imports this module at start-up; a run loads models and samplers (~0.15 s)
     from tadm.sampling.nucleus import draw_nucleus
 
     unit = method_for(model.model_type)

@@ -5,20 +5,28 @@ imports it on first use only."""
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput
 from transformers.utils import ModelOutput
 
 from tadm import runtime
+from tadm import weights_header as wh
 from tadm.config import ModelConfig
 from tadm.errors import DataError
+from tadm.hub.export import weights_bytes
+from tadm.hub.remote.generation_tadm import resolve_settings
+from tadm.io import atomic_path
+from tadm.methods.base import EPS
 from tadm.models import build_model, load_pretrained
 from tadm.registry import method_for
+from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
+from tadm.sampling.ar import sample_ar
 
 # from_pretrained keywords transformers' Auto classes pass on (or a caller may), harmless for a
 # local directory; any other keyword but dtype / torch_dtype / device_map / config is refused
@@ -93,9 +101,6 @@ class TadmPreTrainedModel(PreTrainedModel):
         (its config.json has an ``auto_map``), it writes the hub directory again: the weights
         as `tadm.hub.export` writes them, the source's config.json, and its card, tokenizer,
         generation config and code files (`CARRIED`)."""
-        from tadm import weights_header as wh
-        from tadm.io import atomic_path
-
         source, target = self.source, Path(save_directory)
         extras: dict[str, bytes] = {}  # read first: the source may be the target itself
         if source is not None:
@@ -104,8 +109,6 @@ class TadmPreTrainedModel(PreTrainedModel):
             names = CARRIED + (("config.json",) if hub else ())
             extras = {name: (source / name).read_bytes() for name in names if (source / name).is_file()}
             if hub:
-                from tadm.hub.export import weights_bytes
-
                 extras["model.safetensors"] = weights_bytes(self.net)
         out = self.net.save_pretrained(target)
         for name, data in extras.items():
@@ -189,20 +192,10 @@ def _dtype(dtype, torch_dtype):
 
 def _reference_generate(model, input_ids, num_samples, generation_config, generator, seed, overrides):
     """The body of `generate` (its docstring)."""
-    import types
-
-    from tadm.hub.remote.generation_tadm import resolve_settings
-    from tadm.methods.base import EPS
-    from tadm.registry import method_for
-    from tadm.sampling import FixedInterval, SamplerSettings, make_adapter, sample
-    from tadm.sampling.ar import sample_ar
-
     if input_ids is not None:
         raise TypeError("generate: prompts (input_ids) are sampled by a hub directory's own code "
                         "(python -m tadm.hub export); the reference samples unconditionally")
     if generation_config is None and model.source is not None and (model.source / "generation_config.json").is_file():
-        from transformers import GenerationConfig
-
         generation_config = GenerationConfig.from_pretrained(model.source)
     net = model.net
     view = types.SimpleNamespace(config=types.SimpleNamespace(

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from tadm.errors import TadmError
+from tadm.hub.export import export
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,7 +33,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from tadm.hub.export import export
 
     try:
         if args.command == "export-fusion":

@@ -35,6 +35,9 @@ import json
 from pathlib import Path
 
 from tadm.errors import DataError
+from tadm.hub.remote import REMOTE_DIR, REMOTE_FILES
+from tadm.io import atomic_path, read_manifest
+from tadm.registry import METHODS
 
 MASK_TOKEN = "<|mask|>"
 ARCHITECTURES = {"mdlm": "MDLMForMaskedLM", "sedd": "SEDDForMaskedLM", "adlm": "ADLMForMaskedLM",
@@ -63,7 +66,7 @@ def _dump(obj: dict) -> bytes:
 
 def hub_config(raw: dict, family: str, run: str, method, p, counts: dict) -> dict:
     """config.json: the checkpoint's own keys (`raw`) plus what transformers reads."""
-    import transformers
+    import transformers  # lazy: transformers takes ~2 s to import; only exporting needs it
 
     m, V, L = raw["model"], raw["vocab_size"], raw["seq_len"]
     masked = family != "ar"
@@ -76,7 +79,7 @@ def hub_config(raw: dict, family: str, run: str, method, p, counts: dict) -> dic
                      budget_choices=list(p.train.budget_choices), anchor_layers=m["anchor_layers"],
                      denoiser_layers=m["denoiser_layers"])
     elif family == "adlm":
-        from tadm.methods.adlm import ADLM_RAMP_SLOPE
+        from tadm.methods.adlm import ADLM_RAMP_SLOPE  # lazy: tadm.methods imports torch (~1.5 s); only exporting needs it
 
         about.update(anchor_loss_weight=float(p.train.gamma), anchor_loss_ramp_slope=ADLM_RAMP_SLOPE,
                      anchor_layers=m["anchor_layers"], denoiser_layers=m["denoiser_layers"])
@@ -107,16 +110,16 @@ def hub_config(raw: dict, family: str, run: str, method, p, counts: dict) -> dic
 
 
 def _objective(family: str) -> str:
-    from tadm.hub.card import OBJECTIVES
+    from tadm.hub.card import OBJECTIVES  # lazy: tadm.hub.card imports torch (~1.5 s); only exporting needs it
 
     return OBJECTIVES.get(family, family)
 
 
 def generation_config(family: str, run: str, method, p, counts: dict, seq_len: int) -> dict:
     """generation_config.json: transformers' standard keys and the project sampler's settings."""
-    import transformers
+    import transformers  # lazy: transformers takes ~2 s to import; only exporting needs it
 
-    from tadm.train.card import row_sampler
+    from tadm.train.card import row_sampler  # lazy: tadm.train.card imports torch (~1.5 s); only exporting needs it
 
     masked = family != "ar"
     budget = p.sample.budgets[0]
@@ -146,7 +149,7 @@ def generation_config(family: str, run: str, method, p, counts: dict, seq_len: i
 def tokenizer_files(directory: Path, vocab_size: int, seq_len: int, masked: bool) -> dict[str, bytes]:
     """tokenizer.json and tokenizer_config.json for the hub: the pipeline's tokenizer, checked to
     have V tokens, plus the mask token with id V for a masked family."""
-    from tokenizers import AddedToken, Tokenizer
+    from tokenizers import AddedToken, Tokenizer  # lazy: tokenizers (~15 ms) is needed only to write the tokenizer files
 
     path = directory / "tokenizer.json"
     if not path.is_file():
@@ -173,7 +176,7 @@ def tokenizer_files(directory: Path, vocab_size: int, seq_len: int, masked: bool
 def weights_bytes(net) -> bytes:
     """model.safetensors: every tensor of `net`, on the host, metadata {"format": "pt"} only (one
     key: safetensors writes its metadata in hash order, so more would make the bytes vary)."""
-    from safetensors.torch import save
+    from safetensors.torch import save  # lazy: safetensors.torch imports torch (~1.5 s); only writing the weights needs it
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     return save(tensors, metadata={"format": "pt"})
@@ -182,12 +185,9 @@ def weights_bytes(net) -> bytes:
 def export(model_dir: str | Path, out: str | Path, *, run: str | None = None, params: str | Path | None = None,
            tokenizer: str | Path | None = None) -> Path:
     """Write the hub directory of the checkpoint `model_dir` into `out` (module docstring); returns `out`."""
-    from tadm import config
-    from tadm.hub.card import hub_card
-    from tadm.hub.remote import REMOTE_DIR, REMOTE_FILES
-    from tadm.io import atomic_path, read_manifest
-    from tadm.models import load_pretrained
-    from tadm.registry import METHODS
+    from tadm import config  # lazy: tadm.config (+ yaml, ~60 ms) only to read --params; `python -m tadm.hub --help` skips it
+    from tadm.hub.card import hub_card  # lazy: tadm.hub.card imports torch (~1.5 s); only exporting needs it
+    from tadm.models import load_pretrained  # lazy: tadm.models imports torch (~1.5 s); only exporting needs it
 
     model_dir, out = Path(model_dir), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -6,6 +6,7 @@ one-line note (:func:`cuda_graphs_note`)."""
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from tadm.errors import ConfigError
 
@@ -58,8 +59,6 @@ class _GraphedForward:
                 torch.is_inference_mode_enabled())
 
     def __call__(self, *args, **kwargs):
-        from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
-
         if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
             return self.eager(*args, **kwargs)
         leaves, spec = tree_flatten((args, kwargs))

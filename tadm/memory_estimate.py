@@ -63,8 +63,9 @@ from pathlib import Path
 from typing import Optional
 
 from tadm.config import ModelConfig, Params
-from tadm.errors import ConfigError
+from tadm.errors import ConfigError, DataError
 from tadm.registry import METHODS
+from tadm.weights_header import read_weights
 
 GIB = 1024 ** 3
 COND = 128  # tadm.models.dit.COND_DIM
@@ -214,10 +215,8 @@ def base_estimate(p: Params, on_gpu: bool = False) -> Optional[Estimate]:
 def cached_parameters(repo_id: str) -> Optional[int]:
     """Parameters of hub model `repo_id` counted from its safetensors headers when its weights
     are in the local hub cache (no download, no tensor read); None when they are not."""
+    # lazy: huggingface_hub's cache lookup takes ~0.2 s to import; only a hub model's size needs it
     from huggingface_hub import try_to_load_from_cache
-
-    from tadm.errors import DataError
-    from tadm.weights_header import read_weights
 
     for name in ("model.safetensors.index.json", "model.safetensors"):
         try:
@@ -247,9 +246,9 @@ def _ram_bytes() -> int:
 def machine_memory(p: Params) -> tuple[int, str, bool]:
     """(bytes one process may use, what they are, on a GPU?) for runtime.device, resolved as
     every stage resolves it (tadm.runtime; asking for an absent GPU is its one-line error)."""
-    import torch
+    import torch  # lazy: torch takes ~1.5 s to import; only the device's memory needs it, not the estimates
 
-    from tadm import runtime
+    from tadm import runtime  # lazy: tadm.runtime imports torch (~1.5 s); only the device's memory needs it
 
     device = runtime.resolve_device(p.runtime.device)
     if device.type != runtime.CPU.type:
@@ -305,7 +304,7 @@ def require(p: Params, estimate, key: str, source: str = "params") -> Estimate:
 def module_estimate(name: str, build, note: str = "activations not estimated") -> Estimate:
     """Training states (STATE_BYTES per parameter) of the module `build()` makes, counted on the
     meta device (nothing allocated); for models without a closed formula (the trained judge)."""
-    import torch
+    import torch  # lazy: torch takes ~1.5 s to import; only measuring a built module needs it
 
     with torch.device("meta"):
         n = sum(t.numel() for t in build().parameters())

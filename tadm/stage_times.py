@@ -22,6 +22,7 @@ the summary the run's median, so two runs' minutes can be read against their mac
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import platform
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tadm.errors import DataError, TadmError
 from tadm.io import atomic_write_json, atomic_write_text
 
 RECORDS = Path("metrics/stage_times")
@@ -69,8 +71,6 @@ def hold(name: str, records: Path = RECORDS) -> int | None:
     this process's pid and start time) and return its descriptor; None when another process holds
     it -- a stage still running, e.g. left behind by a killed ``dvc`` -- after printing one line
     naming it. The stage's command inherits the descriptor, so the lock lasts while either lives."""
-    import fcntl
-
     folder = lock_dir(records)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"stage-{name}.lock"
@@ -123,8 +123,6 @@ def collect(names: list[str], records: Path = RECORDS, summary: Path = SUMMARY, 
     """Gather the records of `names` (every stage, in pipeline order) into one JSON and a table."""
     missing = [n for n in names if not (records / f"{n}.json").is_file()]
     if missing:
-        from tadm.errors import DataError
-
         raise DataError(f"{records}: no time record for stage(s) {', '.join(missing)}: run them through "
                         "`python -m tadm.stage_times run NAME -- ...` (dvc.yaml does)")
     rows = [json.loads((records / f"{n}.json").read_text()) for n in names]
@@ -168,7 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return run(args.name, cmd)
-    from tadm.errors import TadmError
 
     try:
         out = collect(args.names)

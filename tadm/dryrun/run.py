@@ -31,7 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from tadm import config
+from tadm import compat, config
+from tadm.errors import DependencyError
 from tadm.io import probe_writable
 
 OVERLAY = config.PROFILES_DIR / "dry-run" / "paper.yaml"
@@ -84,9 +85,6 @@ def _copy_tree(dst: Path, resume: bool = False) -> None:
 def version_gate(log: Path) -> str:
     """The DiffusionGemma paths' transformers gate (tadm.compat), run before anything is copied or
     built: its one line and exit 2 on an older release; otherwise the line recorded in `log`."""
-    from tadm import compat
-    from tadm.errors import DependencyError
-
     try:
         installed = compat.require_transformers()
     except DependencyError as e:
@@ -162,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         _git(repo, env, "commit", "-q", "--allow-empty", "-m", "dry run")
         if not (hf / "complete").is_file():
             print(f"[dry run] 3/5 hub stand-ins in their real formats -> {hf}", flush=True)
-            from tadm.dryrun import standins
+            from tadm.dryrun import standins  # lazy: the stand-ins import torch (~1.5 s); a resumed run that has them never loads it
 
             standins.build(hf, config.from_dict(raw, source="dry run"))
             (hf / "complete").write_text("")

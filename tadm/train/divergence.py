@@ -18,6 +18,7 @@ import math
 from typing import Callable, Union
 
 import torch
+import torch.distributed as dist
 
 from tadm.errors import TadmError
 
@@ -96,8 +97,6 @@ class FiniteWatch:
         sync; under torchrun a collective, so every process must call it at the same steps)."""
         bad = (self.step >= 0).long().reshape(1)
         if world > 1:
-            import torch.distributed as dist
-
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         if not int(bad):
             return

@@ -61,6 +61,7 @@ from tadm.experiments.asrd.runner import ASRD_BASE, BASELINE, Batches, Tally, Va
 from tadm.experiments.table1_render import speed_cell
 from tadm.experiments.worker import optional_path
 from tadm.io import atomic_write_json
+from tadm.metrics import aup as aup_score
 from tadm.metrics.bootstrap import paired_speedup
 from tadm.models import load_pretrained
 
@@ -305,9 +306,7 @@ def aup_frame(results: dict):
     full-model-equivalent forward (generated tokens / (weighted layer calls / the layers of one full
     call, read off the low-confidence row, whose every call is full); this project's reading);
     y_max the group's best row. Rows of results written before families were recorded form none."""
-    import pandas as pd
-
-    from tadm.metrics import aup as aup_score
+    import pandas as pd  # lazy: pandas takes ~0.4 s to import; only the AUP frame needs it
 
     lines = []
     for g in results["groups"]:
@@ -335,8 +334,6 @@ def aup_frame(results: dict):
 
 def aup_markdown(results: dict) -> str:
     """The AUP section under the ASRD table (`aup_frame`); empty where no family has two rows."""
-    from tadm.metrics import aup as aup_score
-
     a = aup_frame(results)
     if not len(a):
         return ""

@@ -277,7 +277,8 @@ class TadmHubModel(PreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """transformers' loading, then strict: a ValueError (one line) naming the tensors the
-        file lacks, has in excess or holds in another shape."""
+        file lacks, has in excess or holds in another shape; every tensor then copied into storage
+        of its own, so the logits equal the project's bit for bit on every CPU."""
         wanted = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
         problems = [f"missing {k}" for k in sorted(info.get("missing_keys") or ())]
@@ -287,6 +288,9 @@ class TadmHubModel(PreTrainedModel, GenerationMixin):
             more = f"; +{len(problems) - 5} more" if len(problems) > 5 else ""
             raise ValueError(f"{pretrained_model_name_or_path}: model.safetensors does not fit {cls.__name__} "
                              f"({len(problems)} tensor(s)): {'; '.join(problems[:5])}{more}")
+        with torch.no_grad():  # each tensor in storage of its own (aligned as torch allocates): loading can leave
+            for t in [*model.parameters(), *model.buffers()]:  # them at any offset of one file's buffer, where
+                t.data = t.data.clone()  # some CPUs' kernels (AVX2 GEMV) round otherwise than on the project's tensors
         model.eval()
         return (model, info) if wanted else model
 

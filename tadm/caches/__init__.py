@@ -12,6 +12,10 @@ interval K:
   canvas K, V and the outputs of its attention and FFN branches; a refresh every K_r steps
   recomputes everything, a reuse step recomputes, per layer >= 1, only the rows whose V moved most
   (V-verify) and reuses the cached branch outputs elsewhere.
+- **dKV-Cache's rule** (:mod:`tadm.caches.diffusiongemma.dkv`) on the feature cache's state: a reuse
+  step recomputes, at every layer, only the canvas rows that were not decided (accepted by the
+  sampler) in the previous step's input or whose token changed since; the others keep their
+  cached K, V and branch outputs. Its layer calls are counted (the rows follow the sampler).
 - **Fast-dLLM's prefix KV cache is already built into the base.** DiffusionGemma decodes block by
   block: a *causal* encoder writes the K/V of the prompt and of every finished canvas into a KV
   cache once per canvas, and all the denoising steps of the next canvas only read it (the
@@ -22,7 +26,8 @@ interval K:
   TADM row. Fast-dLLM's **dual cache** additionally freezes the K/V of the masked *suffix* after
   the current block; DiffusionGemma has no suffix (the next canvas does not exist until this one
   is finished), so it has nothing to apply to. Inside a canvas nothing is ever finished either
-  (unaccepted positions are re-noised every step), so there is no in-canvas prefix to cache.
+  (unaccepted positions are re-noised every step), so there is no in-canvas prefix to cache; the
+  dKV row keeps the rows that stayed decided instead, wherever they are.
 
 Matched share. Per canvas of T steps, with R = ceil(T / K) refreshes, the split (s, a, d) and
 L = s + a + d layers, the feature cache (layer 0 always full, n_sel of N rows recomputed on

@@ -43,14 +43,16 @@ class CacheMethod:
     makes a `tadm.caches.diffusiongemma.base.CacheModel` (`base`: the frozen base,
     `tadm.posttrain.model.load_base`; `p`: the run's params); `description` is what Table 1's
     note says of the rows after their label in italics ("is ..., so ..."); `layer_calls`
-    ``(steps, k, split, model, rows) -> calls`` is its closed form per canvas (TADM's unless given)."""
+    ``(steps, k, split, model, rows) -> calls`` is its closed form per canvas (TADM's unless given),
+    or None where the rows it recomputes follow the decoding (dKV-Cache): Table 1 then
+    reports the calls it counted per denoising step (the model's ``counters.steps`` counts them)."""
 
     name: str
     label: str
     builder: Callable
     legend: str
     marker: str = "x"
-    layer_calls: Callable = tadm_calls
+    layer_calls: Callable | None = tadm_calls
     description: str = ""
 
     def build(self, base, p, refresh_every: int = 1):
@@ -76,6 +78,11 @@ def _feature_model(base, p, refresh_every: int):
     return feature_model(base, p, refresh_every)
 
 
+def _dkv_model(base, p, refresh_every: int):
+    from tadm.caches.diffusiongemma.dkv import dkv_model
+    return dkv_model(base, p, refresh_every)
+
+
 add_dg_cache(CacheMethod(
     "naive", "Naive reuse", _naive_model, "Naive reuse (fusion bypassed)", "v",
     description="is TADM's split with the fusion bypassed (h = H0); since the denoiser reads only h, a reuse step "
@@ -87,6 +94,12 @@ add_dg_cache(CacheMethod(
                 "whole and every deeper layer recomputes only the canvas rows whose V moved most, at the share that "
                 "makes TADM's layer calls ((s + d - 1) / (L - 1)), reusing its cached attention and FFN outputs "
                 "elsewhere."))
+add_dg_cache(CacheMethod(
+    "dkv", "dKV-Cache-Decode", _dkv_model, "dKV-Cache-Decode (decided rows kept)", "D", None,
+    description="is dKV-Cache-Decode's rule at TADM's interval: every K steps all layers are recomputed; in between, "
+                "every layer recomputes only the canvas rows that were not decided (accepted by the sampler) in the "
+                "previous step's input or whose token has changed since, and keeps the others' K, V and branch "
+                "outputs; its layer calls are counted, as the rows follow the sampler."))
 
 
 # ----------------------------------------------------------------------------- LLaDA

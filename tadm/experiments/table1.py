@@ -11,8 +11,8 @@ For every task of ``posttrain.tasks`` and every seed of ``posttrain.seeds``, eac
 generates with DiffusionGemma's entropy-bound sampler (``generate`` of transformers for the
 base; the same loop with the anchor refreshed every K steps for TADM) and is scored. The
 training-free caches of ``posttrain.cache_methods`` (`tadm.registry.DG_CACHES`: naive anchor
-reuse, the dLLM-Cache-style feature cache) run in the same loop at every K >= 2 of ``posttrain.refresh_every``,
-where their layer calls equal TADM's; their rows add a paired Δ vs the TADM row at the same K.
+reuse, the dLLM-Cache-style feature cache, dKV-Cache's rule) run in the same loop at every K >= 2 of ``posttrain.refresh_every``,
+where the naive and feature rows make TADM's layer calls; their rows add a paired Δ vs the TADM row at the same K.
 
     accuracy (mean over seeds, in %; ± the sd over seeds), delta in points vs the base and vs
              the control (each ± its paired bootstrap se over the examples: every method
@@ -31,8 +31,10 @@ where their layer calls equal TADM's; their rows add a paired Δ vs the TADM row
                    combined exp(mean of the blocks' log ratios) ± sqrt(max(between-, within-block var) / B) on
                    B - 1 df (:func:`combine_speed`; one block: its bootstrap se),
     compute x    = decoder-layer calls over the base's (the paper's unit), counted by hooks on the
-                   decoder layers during the scored generations; a layer the feature cache runs on
-                   n of the canvas's N rows counts n / N (``layer_calls_weighted``),
+                   decoder layers during the scored generations; a layer a cache runs on n of the
+                   canvas's N rows counts n / N (``layer_calls_weighted``); per denoising step, the
+                   closed form of `tadm.caches.budget` where one exists, else the counted calls
+                   (``layer_calls_per_step``, ``layer_calls_counted``),
     FLOP bound x = the base's FLOPs over the method's, counted with ``torch.utils.flop_counter``'s
                    formulas and the MoE experts' grouped matmuls (`FlopCount`) during a whole
                    ``generate`` call (encoder prefill, every decoder layer with its experts,
@@ -265,10 +267,10 @@ def _decode(runner: Runner, task: Task, passes: list, methods: list[Table1Method
             ) -> tuple[dict[str, dict], dict[str, float]]:
     """Every pass of `passes` on `task` (:meth:`Runner.run_seed`). Per method label: its seeds,
     accuracies, per-example correctness, completions and first examples, and from the timed pass
-    its layer calls (counted, weighted) and batch timings; and this process's seconds per kind of
+    its layer calls (counted, weighted), denoising steps and batch timings; and this process's seconds per kind of
     pass."""
     runs = {m.label: {"seeds": [], "accs": [], "correct": [], "texts": {}, "examples": None, "calls": 0,
-                      "weighted": 0.0, "timed": []} for m in methods}
+                      "weighted": 0.0, "steps": 0, "timed": []} for m in methods}
     bar = tqdm(total=sum(len(group) for _, group, _ in passes), desc=f"table1[{task.name}]", unit="run",
                disable=not d.main)
     wall = {"timed": 0.0, "cache_seeds": 0.0, "replicates": 0.0}  # this process's seconds in each pass
@@ -277,7 +279,7 @@ def _decode(runner: Runner, task: Task, passes: list, methods: list[Table1Method
         decoded = runner.run_seed(task, seed, group)
         wall["timed" if timed_pass else "replicates" if group[0].row != group[0].label else "cache_seeds"] += (
             time.perf_counter() - t0)
-        for label, (acc, texts, correct, n, weighted, timed) in decoded.items():
+        for label, (acc, texts, correct, n, weighted, timed, steps) in decoded.items():
             r = runs[label]
             r["seeds"].append(seed)
             r["accs"].append(acc)
@@ -287,6 +289,7 @@ def _decode(runner: Runner, task: Task, passes: list, methods: list[Table1Method
             if timed_pass:  # compute and speed: the generations every row makes (posttrain.seeds)
                 r["calls"] += n
                 r["weighted"] += weighted
+                r["steps"] += steps
                 r["timed"] += timed
             bar.update()
     bar.close()
@@ -295,13 +298,17 @@ def _decode(runner: Runner, task: Task, passes: list, methods: list[Table1Method
 
 def _row(m: Table1Method, r: dict, flops: dict, runner: Runner, task: Task, pt) -> dict:
     """Method `m`'s Table 1 row from its decoded runs `r` (:func:`_decode`) and counted `flops`:
-    accuracy over seeds, layer calls, speed (before the statistics over runs and blocks)."""
+    accuracy over seeds, layer calls, speed (before the statistics over runs and blocks). A cache
+    with no closed form (`CacheMethod.layer_calls` None) gets its counted calls per denoising step
+    as ``layer_calls_per_step`` (``layer_calls_counted`` True)."""
+    closed = m.layer_calls_per_step(pt.sample_steps, pt.canvas_length)
     return {"accuracy": statistics.mean(r["accs"]), "accuracy_seeds": r["accs"],
             "correct_seeds": r["correct"], "seeds": r["seeds"],
             "accuracy_sd": statistics.stdev(r["accs"]) if len(r["accs"]) > 1 else 0.0,
             "refresh_every": m.k, "family": m.family, "control": m.family == "control",
             "layer_calls": r["calls"], "layer_calls_weighted": r["weighted"],
-            "layer_calls_per_step": m.layer_calls_per_step(pt.sample_steps, pt.canvas_length),
+            "layer_calls_per_step": r["weighted"] / max(r["steps"], 1) if closed is None else closed,
+            "layer_calls_counted": closed is None,
             "examples": r["examples"], **flops, **throughput(r["timed"], runner.tokens_per_prompt(task))}
 
 

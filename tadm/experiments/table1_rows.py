@@ -91,21 +91,30 @@ class Table1Method:
         feature cache's; 0 for the methods whose every layer call is whole)."""
         return float(getattr(self.model, "partial_layer_calls", 0.0))
 
+    @property
+    def decoder_steps(self) -> int:
+        """Denoising steps (decoder calls) its model has counted so far (0 without counters: the
+        base), read around each generation as `partial_layer_calls` is, for the rows whose layer
+        calls have no closed form."""
+        return int(getattr(getattr(self.model, "counters", None), "steps", 0))
+
     def generate(self, ids, mask, **kw):
         if self.model is None:
             return self.base.generate(ids, attention_mask=mask, **kw)
         return self.model.generate(ids, attention_mask=mask, refresh_every=self.k, **kw)
 
-    def layer_calls_per_step(self, steps: int, rows: int | None = None) -> float:
+    def layer_calls_per_step(self, steps: int, rows: int | None = None) -> float | None:
         """The closed form of the (weighted) layer calls per denoising step at `steps` steps a
         canvas of `rows` positions (`tadm.caches.budget`): L for the base, (s + d) + a R / T for
         TADM, a training-free cache's own closed form over T (`CacheMethod.layer_calls`: TADM's for
-        the naive reuse, T + (L - 1) [R + (T - R) n_sel / N] for the feature cache)."""
+        the naive reuse, T + (L - 1) [R + (T - R) n_sel / N] for the feature cache); None for a
+        cache without one (dKV-Cache: the rows it recomputes follow the decoding), whose
+        row reports its counted calls per step instead."""
         if self.k is None:
             return float(sum(self.split))
         cache = DG_CACHES.get(self.family)
         calls = tadm_calls if cache is None else cache.layer_calls
-        return calls(steps, self.k, self.split, self.model, rows or 1) / steps
+        return None if calls is None else calls(steps, self.k, self.split, self.model, rows or 1) / steps
 
 
 class Runner(PromptIO):
@@ -140,7 +149,7 @@ class Runner(PromptIO):
         return self.decode(seqs, ids.shape[1]), seconds, probe.seconds
 
     def run_seed(self, task: Task, seed: int, methods: list[Table1Method] | None = None
-                 ) -> dict[str, tuple[float, list[str], list[bool], int, float, list[tuple[int, float, float]]]]:
+                 ) -> dict[str, tuple[float, list[str], list[bool], int, float, list[tuple[int, float, float]], int]]:
         """Every method on every prompt batch of `task` with `seed`, the methods taking turns on
         each batch: the same prompts are timed for every method within seconds of each other,
         so machine-speed drift hits them alike and each batch is a paired comparison
@@ -148,36 +157,39 @@ class Runner(PromptIO):
         example's correctness (in example order), the decoder-layer calls the generations made
         (every process's batches: generated, scored and counted where they ran, then gathered),
         the same calls weighted (a partly recomputed layer counts its share of the rows: the
-        feature cache's), and every batch's timing (prompts, seconds of ``generate``, seconds in its
-        decoder calls; each taken in the process that ran the batch), in batch order. `methods`:
-        these instead of the runner's."""
+        feature cache's), every batch's timing (prompts, seconds of ``generate``, seconds in its
+        decoder calls; each taken in the process that ran the batch), in batch order, and the
+        denoising steps its model counted (:attr:`Table1Method.decoder_steps`). `methods`: these
+        instead of the runner's."""
         methods = self.methods if methods is None else methods
         bs, starts, d = self.p.posttrain.eval_batch_size, self.batch_starts(len(task.prompts)), self.dist
         mine = {m.label: [] for m in methods}
         timed = {m.label: [] for m in methods}
-        calls, weighted = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0.0)
+        calls, weighted, steps = dict.fromkeys(mine, 0), dict.fromkeys(mine, 0.0), dict.fromkeys(mine, 0)
         for j in runtime.shard(len(starts), d):
             lo = starts[j]
             prompts = task.prompts[lo: lo + bs]
             for m in methods:
                 counter = DecoderLayerCalls(m.base)  # this method's calls only
-                partial = m.partial_layer_calls
+                partial, stepped = m.partial_layer_calls, m.decoder_steps
                 try:
                     texts, seconds, decoder_seconds = self.generate_batch(m, prompts, task.max_new_tokens, seed, lo)
                 finally:
                     counter.close()
                 calls[m.label] += counter.calls
                 weighted[m.label] += counter.calls + m.partial_layer_calls - partial
+                steps[m.label] += m.decoder_steps - stepped
                 mine[m.label].append((texts, [bool(task.score(lo + k, t)) for k, t in enumerate(texts)]))
                 timed[m.label].append((len(prompts), seconds, decoder_seconds))
         out = {}
         for m in methods:  # the same collectives, in the same order, on every process
             batches = runtime.gather(mine[m.label], len(starts), d)
-            counts = runtime.gather([(calls[m.label], weighted[m.label])], d.world, d)
+            counts = runtime.gather([(calls[m.label], weighted[m.label], steps[m.label])], d.world, d)
             texts = [t for ts, _ in batches for t in ts]
             correct = [c for _, cs in batches for c in cs]
-            out[m.label] = (100.0 * sum(correct) / len(correct), texts, correct, sum(c for c, _ in counts),
-                            sum(w for _, w in counts), runtime.gather(timed[m.label], len(starts), d))
+            out[m.label] = (100.0 * sum(correct) / len(correct), texts, correct, sum(c for c, _, _ in counts),
+                            sum(w for _, w, _ in counts), runtime.gather(timed[m.label], len(starts), d),
+                            sum(n for _, _, n in counts))
         return out
 
     @torch.no_grad()

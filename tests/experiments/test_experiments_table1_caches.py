@@ -50,3 +50,35 @@ def test_no_cache_rows_when_none_are_asked_for(posttrain_workspace, tmp_path):
     methods, _ = table1.build_methods(p, posttrain_workspace, control=False)
     assert [m.label for m in methods] == ["Base", "TADM K=1", "TADM K=4", "Feature cache K=4"]
     assert methods[-1].model.share == 0.5 and methods[-1].base is methods[0].base  # one base for every row
+
+
+def test_rows_without_a_closed_form_report_their_counted_layer_calls(posttrain_workspace, tmp_path):
+    """dKV-Cache's rule (and d²Cache's, once registered): the rows each step recomputes follow the
+    sampler, so the row's calls per step are the ones it counted, its hooks' stock calls plus its
+    partial layers' rows / N over the denoising steps it ran."""
+    from tadm.experiments import table1
+    from tadm.registry import DG_CACHES
+
+    methods = [m for m in ("naive", "feature", "dkv", "d2cache") if m in DG_CACHES]
+    p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": methods}))
+    pt = p.posttrain
+    results = table1.run(p, root=posttrain_workspace, sft_dir=posttrain_workspace / "data" / "sft",
+                         out=tmp_path / "table1.json", log=lambda *_: None, control=False)
+    r = results["tasks"]["arithmetic"]
+    rows = r["methods"]
+    labels = {"dkv": "dKV-Cache-Decode", "d2cache": "d²Cache"}
+    counted = [f"{labels[m]} K={k}" for m in methods if m in labels for k in (2, 3)]
+    assert [k for k in rows if not k.startswith(("Base", "TADM", "Naive", "Feature"))] == counted
+    batches = -(-r["n"] // pt.eval_batch_size)
+    generated = pt.sample_steps * batches * len(pt.seeds)
+    layers = sum(results["split"])
+    for label in counted:
+        m = rows[label]
+        assert m["layer_calls_counted"] and m["family"] in labels
+        assert m["layer_calls_weighted"] == pytest.approx(m["layer_calls_per_step"] * generated), label
+        # every layer of a refresh whole, the reuse steps' layers partly: between the refreshes' calls and the base's
+        refreshes = batches * len(pt.seeds) * -(-pt.sample_steps // m["refresh_every"])
+        assert m["layer_calls"] == layers * refreshes, label
+        assert m["layer_calls"] <= m["layer_calls_weighted"] <= rows["Base"]["layer_calls_weighted"], label
+        assert 0.0 <= m["same_output_as_tadm"] <= 1.0
+    assert not any(rows[k]["layer_calls_counted"] for k in rows if k not in counted)

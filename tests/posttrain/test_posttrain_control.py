@@ -240,6 +240,7 @@ def test_each_prompt_batch_is_generated_by_every_method_in_turn(tiny_base, monke
 
     class Fake:
         partial_layer_calls = 0.0
+        decoder_steps = 0
 
         def __init__(self, label, layers):
             self.label, self.base, self.layers = label, tiny_base, layers

@@ -43,7 +43,9 @@ class CacheModel(Protocol):
     ``generate``       transformers' ``generate(input_ids, attention_mask=..., refresh_every=K,
                        **kwargs)`` returning an output with ``.sequences``;
     ``partial_layer_calls`` (optional, float) decoder layers run on part of the canvas, summed as
-                       the fraction of rows each recomputed (0 when absent).
+                       the fraction of rows each recomputed (0 when absent);
+    ``counters.steps`` (int; needed where the catalog entry has no closed form, ``layer_calls``
+                       None) the denoising steps run, over which Table 1 reports the counted calls.
     """
 
     split: Any

@@ -22,6 +22,11 @@ work is counted in ``partial_layer_calls`` (sum of n_sel / N over the partial la
 With K_r = 1 every step takes the stock path, and with share = 1 the partial path recomputes
 every row in position order with the stock kernels and shapes; both give the base's tokens
 exactly (tested).
+
+The same state and partial layer serve caches that choose one row set per step instead of per
+layer (:class:`StepSelectionCache`: dKV-Cache's rule, `tadm.caches.diffusiongemma.dkv`): :func:`partial_layer` given ``rows`` recomputes
+those rows' V only (the others keep their cached V), and such a cache runs every layer, layer 0
+included, through it on a reuse step (``full_layers = 0``).
 """
 
 from __future__ import annotations
@@ -146,8 +151,14 @@ def feed_forward(layer: nn.Module, r: torch.Tensor) -> torch.Tensor:
 
 
 def partial_layer(layer: nn.Module, x: torch.Tensor, inputs: DecoderInputs, kind: str, state: LayerState,
-                  n_sel: int, similarity_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                  n_sel: int, similarity_dtype: torch.dtype = torch.float32,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
     """A reuse step of one decoder layer (module docstring); updates `state` in place.
+
+    `rows` None: V-verify picks the n_sel rows, and the V of every row is recomputed (as released).
+    `rows` (B, n), in position order: a selection made once for the step (every layer recomputes
+    the same rows; n_sel is not read); only those rows' V is recomputed, every other row keeps its
+    cached K, V and branch outputs.
 
     The attention interface is the layer's own (config._attn_implementation) with the stock
     scaling, sliding window and is_causal; position_ids, which the stock layer forwards to it and
@@ -155,18 +166,27 @@ def partial_layer(layer: nn.Module, x: torch.Tensor, inputs: DecoderInputs, kind
     attn = layer.self_attn
     b, n, _ = x.shape
     h = layer.input_layernorm(x)
-    heads = (b, n, -1, attn.head_dim)
-    raw_k = attn.k_proj(h).view(heads) if attn.v_proj is None else None  # full attention: V from k_proj
-    v = attn.v_norm(raw_k if raw_k is not None else attn.v_proj(h).view(heads)).transpose(1, 2)
-    idx = least_similar_rows(v, state.v, n_sel, similarity_dtype) if n_sel else None
-    state.v = v  # as released: the new V of every row
+    raw_k = None
+    if rows is None:  # V-verify
+        heads = (b, n, -1, attn.head_dim)
+        raw_k = attn.k_proj(h).view(heads) if attn.v_proj is None else None  # full attention: V from k_proj
+        v = attn.v_norm(raw_k if raw_k is not None else attn.v_proj(h).view(heads)).transpose(1, 2)
+        idx = least_similar_rows(v, state.v, n_sel, similarity_dtype) if n_sel else None
+        state.v = v  # as released: the new V of every row
+    else:
+        idx = rows if rows.shape[1] else None
     if idx is not None:
+        n_sel = idx.shape[1]
         cos, sin = (gather_rows(t, idx) for t in inputs.position_embeddings[kind])
         h_sel = gather_rows(h, idx)
         sel = (b, n_sel, -1, attn.head_dim)
         q = attn.q_norm(attn.q_proj(h_sel).view(sel))
         q = mdg.apply_rotary_pos_emb(q, cos, sin, unsqueeze_dim=2).transpose(1, 2)
-        k = attn.k_norm(gather_rows(raw_k, idx) if raw_k is not None else attn.k_proj(h_sel).view(sel))
+        k_sel = gather_rows(raw_k, idx) if raw_k is not None else attn.k_proj(h_sel).view(sel)
+        if rows is not None:  # the selected rows' V (full attention: from k_proj, as the stock layer)
+            v_sel = attn.v_norm(k_sel if attn.v_proj is None else attn.v_proj(h_sel).view(sel)).transpose(1, 2)
+            state.v = scatter_rows(state.v, idx, v_sel, dim=2)
+        k = attn.k_norm(k_sel)
         k = mdg.apply_rotary_pos_emb(k, cos, sin, unsqueeze_dim=2).transpose(1, 2)
         state.k = scatter_rows(state.k, idx, k, dim=2)
         keys, values = (attn.append_to_cache(inputs.cache, state.k, state.v) if inputs.cache is not None
@@ -262,29 +282,44 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
         x = split.embed(decoder_input_ids, self_conditioning_logits, self_conditioning_mask)
         prefix = cache.get_seq_length(layer_idx=0)
         layers, kinds = split.decoder.layers, split.text_config.layer_types
-        refresh = len(layers) == 1 or self._due(x, self_conditioning_logits, prefix)
+        refresh = len(layers) <= self.full_layers or self._due(x, self_conditioning_logits, prefix)
         if refresh:
             self._cache = _FeatureCache([None] * len(layers), 0, prefix)
         else:
             self._cache.age += 1
-        n_sel = selected_rows(self.share, x.shape[1])
-        states = self._cache.states
+        rows = self._step_rows(decoder_input_ids, refresh, self_conditioning_logits is None)
+        n_sel = selected_rows(self.share, x.shape[1]) if rows is None else rows.shape[1]
         for i, layer in enumerate(layers):
-            if i == 0:
-                x = stock_layer(layer, x, inputs, kinds[i])
-            elif refresh:
-                x, states[i] = capture_layer(layer, x, inputs, kinds[i])
-            else:
-                x = partial_layer(layer, x, inputs, kinds[i], states[i], n_sel, self.similarity_dtype)
+            x = self._layer(i, layer, x, inputs, kinds[i], refresh, rows, n_sel)
         self._count(refresh, len(layers), n_sel / x.shape[1])
         return mdg.DiffusionGemmaBlockDiffusionOutputWithPast(logits=split.head(x))
 
+    # what a cache with a per-step row selection overrides (StepSelectionCache)
+    full_layers = 1  # layers [0, full_layers) run whole, uncached, on reuse steps too (the release's layer 0)
+
+    def _step_rows(self, ids: torch.Tensor, refresh: bool, new_canvas: bool) -> torch.Tensor | None:
+        """The rows (B, n) that every partial layer of this step recomputes; None (here): each
+        layer picks its own n_sel rows by V-verify."""
+        return None
+
+    def _layer(self, i: int, layer: nn.Module, x: torch.Tensor, inputs: DecoderInputs, kind: str, refresh: bool,
+               rows: torch.Tensor | None, n_sel: int) -> torch.Tensor:
+        """Decoder layer i of a step: stock below full_layers, stock and captured on a refresh,
+        else :func:`partial_layer`."""
+        states = self._cache.states
+        if i < self.full_layers:
+            return stock_layer(layer, x, inputs, kind)
+        if refresh:
+            x, states[i] = capture_layer(layer, x, inputs, kind)
+            return x
+        return partial_layer(layer, x, inputs, kind, states[i], n_sel, self.similarity_dtype, rows=rows)
+
     def _count(self, refresh: bool, depth: int, fraction: float) -> None:
-        c = self.counters
+        c, whole = self.counters, self.full_layers
         c.steps += 1
         c.refreshes += int(refresh)
-        c.full_layer_calls += depth if refresh else 1
-        c.partial_layer_calls += 0.0 if refresh else (depth - 1) * fraction
+        c.full_layer_calls += depth if refresh else whole
+        c.partial_layer_calls += 0.0 if refresh else (depth - whole) * fraction
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, refresh_every: int | None = None, **kwargs):
@@ -296,6 +331,89 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
             return super().generate(input_ids, **kwargs)
         finally:
             self._cache = None
+
+
+def fill_rows(want: torch.Tensor, priority: torch.Tensor) -> torch.Tensor:
+    """The rows (B, n) of `want` (B, N) bool in position order, n the most any sequence wants: a
+    sequence that wants fewer is topped up with its highest-`priority` rows not wanted (ties: the
+    lower position), as d²Cache's release tops up a batch. n may be 0 (nothing to recompute)."""
+    counts = want.sum(1)
+    n = int(counts.max())
+    need = n - counts
+    if int(need.max()) > 0:
+        free = torch.where(want, torch.full_like(priority, float("-inf")), priority.to(torch.float64))
+        order = torch.sort(free, dim=1, descending=True, stable=True).indices[:, : int(need.max())]
+        take = torch.arange(order.shape[1], device=want.device) < need.unsqueeze(1)
+        want = want.clone()
+        want[torch.arange(want.shape[0], device=want.device).unsqueeze(1).expand_as(order)[take], order[take]] = True
+    return torch.argsort((~want).to(torch.int8), dim=1, stable=True)[:, :n]
+
+
+class StepSelectionCache(FeatureCacheDiffusionGemma):
+    """The feature cache's state and partial layers with one row set per reuse step, chosen by a
+    rule from what the sampler has decided (dKV-Cache): on a reuse step every layer, layer
+    0 included, recomputes those rows only (their Q, K, V, attention and FFN), and every other row
+    keeps its cached K, V and branch outputs; a refresh (TADM's rule with K) captures every layer.
+
+    A position is *decided* in a step's input when the entropy-bound sampler accepted it at the
+    end of the previous step (transformers' ``EntropyBoundSampler.accepted_token_mask``, read from
+    the sampler ``generate`` builds; every other position holds a fresh random token,
+    ``renoise_canvas``); nothing is decided in a canvas's first input. Subclasses give
+    :meth:`select`, called on every reuse step with this and the previous step's inputs; a
+    batch's sequences are topped up to equal counts by :func:`fill_rows`, and a reuse step counts
+    L n / N partial layer calls (n after the top-up). `last_rows` holds the last step's rows (B, n)
+    (None on a refresh); `sampler` may be set by hand to drive ``forward`` outside ``generate``."""
+
+    full_layers = 0
+
+    def __init__(self, split: SplitDiffusionGemma, refresh_every: int = 1):
+        super().__init__(split, refresh_every, share=1.0)  # V-verify's share: not read here
+        self.sampler = None
+        self.last_rows: torch.Tensor | None = None
+        self._seen: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, decided) of the last step's input
+
+    def _prepare_sampler(self, generation_config):
+        """transformers' sampler for this ``generate``, kept to read its accepted positions."""
+        self.sampler = super()._prepare_sampler(generation_config)
+        return self.sampler
+
+    def decided(self, ids: torch.Tensor, new_canvas: bool) -> torch.Tensor:
+        """(B, N) bool: the positions of this input that the sampler accepted at the last step."""
+        if new_canvas:
+            return torch.zeros_like(ids, dtype=torch.bool)
+        got = getattr(self.sampler, "accepted_token_mask", None)
+        if not isinstance(got, torch.Tensor) or got.shape != ids.shape:  # a transformers change, or no generate
+            raise RuntimeError(f"{type(self).__name__}: the sampler's accepted_token_mask of shape {tuple(ids.shape)} "
+                               f"is needed after a canvas's first step (got {type(got).__name__})")
+        return got.to(device=ids.device, dtype=torch.bool)
+
+    def select(self, ids: torch.Tensor, decided: torch.Tensor, prev_ids: torch.Tensor,
+               prev_decided: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rows the rule recomputes (B, N) bool, the top-up priority (B, N)) for a reuse step
+        whose input is `ids` with `decided`, after the input `prev_ids` with `prev_decided`."""
+        raise NotImplementedError
+
+    def _step_rows(self, ids: torch.Tensor, refresh: bool, new_canvas: bool) -> torch.Tensor | None:
+        decided = self.decided(ids, new_canvas)
+        seen, self._seen = self._seen, (ids, decided)
+        if refresh:
+            self.last_rows = None
+            return None
+        want, priority = self.select(ids, decided, *seen)
+        self.last_rows = fill_rows(want, priority)
+        return self.last_rows
+
+    def reset(self) -> None:
+        super().reset()
+        self._seen, self.last_rows = None, None
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, refresh_every: int | None = None, **kwargs):
+        self._seen = None
+        try:
+            return super().generate(input_ids, refresh_every, **kwargs)
+        finally:
+            self._seen, self.sampler = None, None
 
 
 def feature_model(base, p, refresh_every: int = 1, share: float | None = None,

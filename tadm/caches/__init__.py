@@ -16,6 +16,9 @@ interval K:
   step recomputes, at every layer, only the canvas rows that were not decided (accepted by the
   sampler) in the previous step's input or whose token changed since; the others keep their
   cached K, V and branch outputs. Its layer calls are counted (the rows follow the sampler).
+- **d²Cache's rule** (:mod:`tadm.caches.diffusiongemma.d2cache`) on the same state: a reuse step
+  recomputes the still-undecided rows ranked first by first-step confidence x certainty density,
+  the rows whose decided token moved and a nucleus of the others by attention rollout; counted too.
 - **Fast-dLLM's prefix KV cache is already built into the base.** DiffusionGemma decodes block by
   block: a *causal* encoder writes the K/V of the prompt and of every finished canvas into a KV
   cache once per canvas, and all the denoising steps of the next canvas only read it (the

@@ -44,7 +44,7 @@ class CacheMethod:
     `tadm.posttrain.model.load_base`; `p`: the run's params); `description` is what Table 1's
     note says of the rows after their label in italics ("is ..., so ..."); `layer_calls`
     ``(steps, k, split, model, rows) -> calls`` is its closed form per canvas (TADM's unless given),
-    or None where the rows it recomputes follow the decoding (dKV-Cache): Table 1 then
+    or None where the rows it recomputes follow the decoding (dKV-Cache, d²Cache): Table 1 then
     reports the calls it counted per denoising step (the model's ``counters.steps`` counts them)."""
 
     name: str
@@ -79,8 +79,13 @@ def _feature_model(base, p, refresh_every: int):
 
 
 def _dkv_model(base, p, refresh_every: int):
-    from tadm.caches.diffusiongemma.dkv import dkv_model
+    from tadm.caches.diffusiongemma.dkv import dkv_model  # lazy: torch and transformers on the first build only
     return dkv_model(base, p, refresh_every)
+
+
+def _d2cache_model(base, p, refresh_every: int):
+    from tadm.caches.diffusiongemma.d2cache import d2cache_model  # lazy: torch and transformers on the first build only
+    return d2cache_model(base, p, refresh_every, **D2CACHE_RELEASE, span=D2CACHE_SPAN)
 
 
 add_dg_cache(CacheMethod(
@@ -100,6 +105,13 @@ add_dg_cache(CacheMethod(
                 "every layer recomputes only the canvas rows that were not decided (accepted by the sampler) in the "
                 "previous step's input or whose token has changed since, and keeps the others' K, V and branch "
                 "outputs; its layer calls are counted, as the rows follow the sampler."))
+add_dg_cache(CacheMethod(
+    "d2cache", "d²Cache", _d2cache_model, "d²Cache (certainty x attention rows)", "s", None,
+    description="is d²Cache's rule at TADM's interval: every K steps all layers are recomputed; in between, every "
+                "layer recomputes the still-undecided rows ranked first by first-step confidence x certainty density "
+                "(current_k = 32 of 256 scaled to the canvas), the rows whose decided token changed and a top-p 0.1 "
+                "of the others by attention rollout, and keeps the others' K, V and branch outputs; its layer calls "
+                "are counted."))
 
 
 # ----------------------------------------------------------------------------- LLaDA
@@ -193,6 +205,9 @@ def _dkv_rows(ks, released) -> list[tuple[str, CacheSpec]]:
 # cache's rollout_p, current_k, sigma and inflate_w; its decoder ranks by confidence x certainty density
 # with the same sigma, one block over the whole answer, one token a step
 D2CACHE_RELEASE = {"rollout_p": 0.1, "current_k": 32, "sigma": 10.0, "inflate_w": 0}
+# the span its current_k is a count of: the 256 positions its GSM8K eval decodes as one block (the
+# DiffusionGemma port scales current_k to the canvas: tadm.caches.diffusiongemma.d2cache)
+D2CACHE_SPAN = 256
 
 
 def _d2cache_rows(ks, released) -> list[tuple[str, CacheSpec]]:
@@ -237,5 +252,5 @@ def _d2cache_backend(model, spec: CacheSpec):
 add_llada_cache(LladaCache("dkv", _dkv_backend, _dkv_rows))
 add_llada_cache(LladaCache("d2cache", _d2cache_backend, _d2cache_rows))
 
-__all__ = ["D2CACHE_RELEASE", "DKV_RELOAD", "CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls",
+__all__ = ["D2CACHE_RELEASE", "D2CACHE_SPAN", "DKV_RELOAD", "CacheMethod", "CacheSpec", "LladaCache", "add_dg_cache", "add_llada_cache", "feature_calls",
            "tadm_calls"]

@@ -11,7 +11,7 @@ For every task of ``posttrain.tasks`` and every seed of ``posttrain.seeds``, eac
 generates with DiffusionGemma's entropy-bound sampler (``generate`` of transformers for the
 base; the same loop with the anchor refreshed every K steps for TADM) and is scored. The
 training-free caches of ``posttrain.cache_methods`` (`tadm.registry.DG_CACHES`: naive anchor
-reuse, the dLLM-Cache-style feature cache, dKV-Cache's rule) run in the same loop at every K >= 2 of ``posttrain.refresh_every``,
+reuse, the dLLM-Cache-style feature cache, dKV-Cache's and d²Cache's rules) run in the same loop at every K >= 2 of ``posttrain.refresh_every``,
 where the naive and feature rows make TADM's layer calls; their rows add a paired Δ vs the TADM row at the same K.
 
     accuracy (mean over seeds, in %; ± the sd over seeds), delta in points vs the base and vs

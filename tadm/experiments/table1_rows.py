@@ -108,7 +108,7 @@ class Table1Method:
         canvas of `rows` positions (`tadm.caches.budget`): L for the base, (s + d) + a R / T for
         TADM, a training-free cache's own closed form over T (`CacheMethod.layer_calls`: TADM's for
         the naive reuse, T + (L - 1) [R + (T - R) n_sel / N] for the feature cache); None for a
-        cache without one (dKV-Cache: the rows it recomputes follow the decoding), whose
+        cache without one (dKV-Cache, d²Cache: the rows they recompute follow the decoding), whose
         row reports its counted calls per step instead."""
         if self.k is None:
             return float(sum(self.split))

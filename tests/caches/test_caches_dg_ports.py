@@ -10,8 +10,11 @@ import torch
 
 from tests.posttrain.conftest import CANVAS, VOCAB
 
+from tadm.caches.catalog import D2CACHE_RELEASE, D2CACHE_SPAN
+from tadm.caches.diffusiongemma.d2cache import D2CacheDiffusionGemma, d2cache_rows, scaled_current_k
 from tadm.caches.diffusiongemma.dkv import DkvCacheDiffusionGemma, dkv_rows
 from tadm.caches.diffusiongemma.feature import StepSelectionCache, fill_rows
+from tadm.caches.llada.d2cache import LladaD2CacheBackend
 from tadm.config import Params
 from tadm.config.posttrain import PosttrainConfig
 from tadm.errors import ConfigError
@@ -274,3 +277,177 @@ def test_forward_outside_generate_needs_the_sampler(tiny_base):
         model(z, cache, decoder_attention_mask=dec_mask)
         with pytest.raises(RuntimeError, match="accepted_token_mask"):
             model(z, cache, torch.zeros(2, CANVAS, VOCAB), decoder_attention_mask=dec_mask)
+
+
+# ============================================================================= d²Cache
+
+
+RELEASE = {**D2CACHE_RELEASE, "span": D2CACHE_SPAN}  # what the catalog builds with
+
+
+def d2(base, k, **kw):
+    return D2CacheDiffusionGemma(SplitDiffusionGemma(base, *SPLIT), k, **{**RELEASE, **kw})
+
+
+class EveryRowD2(D2CacheDiffusionGemma):
+    def select(self, ids, decided, prev_ids, prev_decided):
+        super().select(ids, decided, prev_ids, prev_decided)  # the rule runs (its inputs are kept)
+        return torch.ones_like(decided), torch.zeros(decided.shape)
+
+
+def test_d2cache_refreshed_every_step_is_the_base(tiny_base, base_tokens):
+    ids, mask = batch()
+    model = d2(tiny_base, 1)
+    assert torch.equal(generate(model, ids, mask), base_tokens)
+    assert model.counters.refreshes == CANVASES * STEPS and model.partial_layer_calls == 0
+
+
+def test_d2cache_with_every_row_selected_is_the_base(tiny_base, base_tokens):
+    """The rollout's weights are computed beside the stock attention and change nothing."""
+    ids, mask = batch()
+    model = EveryRowD2(SplitDiffusionGemma(tiny_base, *SPLIT), STEPS, **RELEASE)
+    assert torch.equal(generate(model, ids, mask), base_tokens)
+    assert model.partial_layer_calls == CANVASES * (STEPS - 1) * L
+
+
+def test_current_k_is_scaled_to_the_canvas():
+    k, span = D2CACHE_RELEASE["current_k"], D2CACHE_SPAN
+    assert (k, span) == (32, 256)
+    assert [scaled_current_k(n, k, span) for n in (256, 32, CANVAS, 512, 3)] == [32, 4, 1, 64, 1]
+    assert scaled_current_k(CANVAS, 5, None) == 5
+
+
+def llada_select(ids, decided, prev_decided, conf0, importance, k, sigma, top_p, inflate_w):
+    """The LLaDA port's d²Cache selection (tested against the release) on the same canvas as a
+    one-block LLaDA region with no prompt: undecided rows hold the mask id."""
+    mask_id = VOCAB
+    stub = SimpleNamespace(_prompt=0, mask_id=mask_id, _served=(0, ids.shape[1]), _conf0=conf0,
+                           _importance=importance, sigma=sigma, current_k=k, rollout_p=top_p, inflate_w=inflate_w,
+                           _prev=torch.where(prev_decided, ids, mask_id))
+    return LladaD2CacheBackend._select(stub, torch.where(decided, ids, mask_id))[0]
+
+
+@pytest.mark.parametrize("k, inflate_w", [(1, 0), (3, 0), (2, 2), (8, 0)])
+def test_d2cache_rows_are_the_llada_ports_on_llada_like_steps(k, inflate_w):
+    """Where decided tokens are final (LLaDA's case: a step only adds decided rows), the rows
+    are the LLaDA port's, which its tests match against the release's loop."""
+    g = torch.Generator().manual_seed(k + inflate_w)
+    for _ in range(20):
+        ids = torch.randint(3, VOCAB, (3, CANVAS), generator=g)
+        prev = torch.rand(3, CANVAS, generator=g) < 0.4
+        decided = prev | (torch.rand(3, CANVAS, generator=g) < 0.3)
+        conf0, importance = torch.rand(3, CANVAS, generator=g), torch.rand(3, CANVAS, generator=g) * 2
+        want, _ = d2cache_rows(ids, decided, ids, prev, conf0, importance, k, 10.0, 0.1, inflate_w)
+        assert torch.equal(want, llada_select(ids, decided, prev, conf0, importance, k, 10.0, 0.1, inflate_w))
+
+
+def test_d2cache_recomputes_every_moved_row():
+    """DiffusionGemma's extra events: a re-noised row and a row accepted again with another token
+    are recomputed like a just-decided one; an unchanged decided row is left to the ranking (here
+    the one best-scored undecided row, 5, next to the decided rows, and the one row the rollout
+    attends to most, 6)."""
+    ids = torch.arange(CANVAS).expand(1, CANVAS) + 3
+    prev = torch.tensor([[1, 1, 1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    decided = torch.tensor([[1, 0, 1, 1, 1, 0, 0, 0]], dtype=torch.bool)  # 1 re-noised, 4 just decided
+    now = ids.clone()
+    now[0, 3] += 1  # accepted again with another token
+    importance = torch.tensor([[1.0, 1, 2, 1, 1, 1, 9, 3]])
+    want, priority = d2cache_rows(now, decided, ids, prev, torch.ones(1, CANVAS), importance, 1, 10.0, 0.1)
+    assert want[0].nonzero().flatten().tolist() == [1, 3, 4, 5, 6]
+    # current_k = 2: 5 and 6 (the window starts at 4, the first row undecided before, though the
+    # re-noised row 1 precedes it); the nucleus of the rest (0, 2, 7) is its most attended row, 7
+    want, _ = d2cache_rows(now, decided, ids, prev, torch.ones(1, CANVAS), importance, 2, 10.0, 0.1)
+    assert want[0].nonzero().flatten().tolist() == [1, 3, 4, 5, 6, 7]
+
+
+def test_d2cache_hand_made_steps(tiny_base):
+    """Step 0's confidence and rollout are the base's (its eager attention weights rolled out by
+    hand); step 1 recomputes the rule's rows on them, topped up by importance + score."""
+    import copy
+
+    cache, dec_mask = hand_inputs(tiny_base)
+    model = d2(tiny_base, 10)
+    g = torch.Generator().manual_seed(12)
+    z0 = torch.randint(0, VOCAB, (2, CANVAS), generator=g)
+    sc = torch.randn(2, CANVAS, VOCAB, generator=g)
+    d1 = torch.rand(2, CANVAS, generator=g) < 0.5
+    eager = copy.deepcopy(tiny_base)
+    eager.config._attn_implementation = eager.config.text_config._attn_implementation = "eager"
+    weights = []
+    hooks = [layer.self_attn.register_forward_hook(lambda _m, _i, out: weights.append(out[1]))
+             for layer in eager.model.decoder.layers]
+    with torch.no_grad():
+        ref = eager(decoder_input_ids=z0, cache=cache, decoder_attention_mask=dec_mask).logits
+        for h in hooks:
+            h.remove()
+        out = model(z0, cache, decoder_attention_mask=dec_mask).logits
+        assert torch.allclose(out, ref, atol=1e-5)
+        rollout = torch.eye(CANVAS).expand(2, CANVAS, CANVAS)
+        for w in weights:
+            a = w.float().mean(dim=1)[..., -CANVAS:] + torch.eye(CANVAS)
+            rollout = (a / a.sum(-1, keepdim=True)) @ rollout
+        assert torch.allclose(model._importance, rollout.sum(dim=1), atol=1e-5)
+        assert torch.allclose(model._conf0, torch.softmax(ref, -1).max(-1).values, atol=1e-6)
+        conf0, importance = model._conf0, model._importance
+        model.sampler = SimpleNamespace(accepted_token_mask=d1)
+        model(z0, cache, sc, decoder_attention_mask=dec_mask)
+    want, priority = d2cache_rows(z0, d1, z0, torch.zeros_like(d1), conf0, importance, 1, 10.0, 0.1)
+    assert torch.equal(want, d1 | want)  # every just-decided row
+    assert torch.equal(model.last_rows, fill_rows(want, priority))
+    assert model.partial_layer_calls == pytest.approx(L * model.last_rows.shape[1] / CANVAS)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_d2cache_counters_are_the_rows_counted(tiny_base, k):
+    ids, mask = batch()
+    model = d2(tiny_base, k)
+    seen = recording(model)
+    counter = DecoderLayerCalls(tiny_base)
+    try:
+        generate(model, ids, mask, peaked=True)
+    finally:
+        counter.close()
+    refreshes = CANVASES * -(-STEPS // k)
+    assert model.counters.steps == len(seen) == CANVASES * STEPS and model.counters.refreshes == refreshes
+    assert counter.calls == model.counters.full_layer_calls == L * refreshes
+    partial = sum(L * rows.shape[1] / CANVAS for r, rows in seen if not r)
+    assert model.partial_layer_calls == pytest.approx(partial) and partial < (CANVASES * STEPS - refreshes) * L
+
+
+def test_d2cache_runs_a_left_padded_batch_of_three(tiny_base):
+    ids, mask = batch(3)
+    model = d2(tiny_base, 3)
+    wants = []
+    inner = model.select
+
+    def select(*args):
+        want, priority = inner(*args)
+        wants.append(want)
+        return want, priority
+
+    model.select = select
+    seen = recording(model)
+    out = generate(model, ids, mask, peaked=True)
+    assert out.shape == (3, PROMPT + CANVASES * CANVAS)
+    ran = [rows for refresh, rows in seen if not refresh]
+    assert len(ran) == len(wants) == CANVASES * (STEPS - 2)
+    unequal = False
+    for want, rows in zip(wants, ran):
+        assert rows.shape == (3, int(want.sum(1).max()))
+        got = torch.zeros_like(want).scatter_(1, rows, True)
+        assert bool((got | ~want).all())
+        unequal |= bool((want.sum(1) != want.sum(1).max()).any())
+    assert unequal  # the top-up ran
+    assert model.partial_layer_calls == pytest.approx(sum(L * r.shape[1] / CANVAS for r in ran))
+
+
+def test_registry_builds_d2cache_and_checks_its_constants(tiny_base):
+    unit = DG_CACHES["d2cache"]
+    model = unit.build(tiny_base, params(), 2)
+    assert isinstance(model, D2CacheDiffusionGemma) and model.refresh_every == 2 and unit.layer_calls is None
+    assert (model.rollout_p, model.current_k, model.sigma, model.inflate_w, model.span) == (0.1, 32, 10.0, 0, 256)
+    for key, kw in (("rollout_p", {"rollout_p": 1.5}), ("current_k", {"current_k": 0}), ("sigma", {"sigma": 0.0}),
+                    ("inflate_w", {"inflate_w": -1}), ("span", {"span": 0})):
+        with pytest.raises(ConfigError, match=key) as e:
+            d2(tiny_base, 2, **kw)
+        assert "\n" not in str(e.value)

@@ -53,13 +53,12 @@ def test_no_cache_rows_when_none_are_asked_for(posttrain_workspace, tmp_path):
 
 
 def test_rows_without_a_closed_form_report_their_counted_layer_calls(posttrain_workspace, tmp_path):
-    """dKV-Cache's rule (and d²Cache's, once registered): the rows each step recomputes follow the
-    sampler, so the row's calls per step are the ones it counted, its hooks' stock calls plus its
-    partial layers' rows / N over the denoising steps it ran."""
+    """dKV-Cache's and d²Cache's rules: the rows each step recomputes follow the sampler, so the
+    row's calls per step are the ones it counted, its hooks' stock calls plus its partial layers'
+    rows / N over the denoising steps it ran."""
     from tadm.experiments import table1
-    from tadm.registry import DG_CACHES
 
-    methods = [m for m in ("naive", "feature", "dkv", "d2cache") if m in DG_CACHES]
+    methods = ["naive", "feature", "dkv", "d2cache"]
     p = config.from_dict(posttrain_raw(**{"posttrain.cache_methods": methods}))
     pt = p.posttrain
     results = table1.run(p, root=posttrain_workspace, sft_dir=posttrain_workspace / "data" / "sft",
@@ -68,6 +67,7 @@ def test_rows_without_a_closed_form_report_their_counted_layer_calls(posttrain_w
     rows = r["methods"]
     labels = {"dkv": "dKV-Cache-Decode", "d2cache": "d²Cache"}
     counted = [f"{labels[m]} K={k}" for m in methods if m in labels for k in (2, 3)]
+    assert counted == ["dKV-Cache-Decode K=2", "dKV-Cache-Decode K=3", "d²Cache K=2", "d²Cache K=3"]
     assert [k for k in rows if not k.startswith(("Base", "TADM", "Naive", "Feature"))] == counted
     batches = -(-r["n"] // pt.eval_batch_size)
     generated = pt.sample_steps * batches * len(pt.seeds)

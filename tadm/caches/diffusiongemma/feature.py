@@ -24,7 +24,8 @@ every row in position order with the stock kernels and shapes; both give the bas
 exactly (tested).
 
 The same state and partial layer serve caches that choose one row set per step instead of per
-layer (:class:`StepSelectionCache`: dKV-Cache's rule, `tadm.caches.diffusiongemma.dkv`): :func:`partial_layer` given ``rows`` recomputes
+layer (:class:`StepSelectionCache`: dKV-Cache's and d²Cache's rules,
+`tadm.caches.diffusiongemma.dkv` and `.d2cache`): :func:`partial_layer` given ``rows`` recomputes
 those rows' V only (the others keep their cached V), and such a cache runs every layer, layer 0
 included, through it on a reuse step (``full_layers = 0``).
 """
@@ -32,6 +33,7 @@ included, through it on a reuse step (``full_layers = 0``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
@@ -151,14 +153,16 @@ def feed_forward(layer: nn.Module, r: torch.Tensor) -> torch.Tensor:
 
 
 def partial_layer(layer: nn.Module, x: torch.Tensor, inputs: DecoderInputs, kind: str, state: LayerState,
-                  n_sel: int, similarity_dtype: torch.dtype = torch.float32,
-                  rows: torch.Tensor | None = None) -> torch.Tensor:
+                  n_sel: int, similarity_dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None,
+                  observe: Callable | None = None) -> torch.Tensor:
     """A reuse step of one decoder layer (module docstring); updates `state` in place.
 
     `rows` None: V-verify picks the n_sel rows, and the V of every row is recomputed (as released).
     `rows` (B, n), in position order: a selection made once for the step (every layer recomputes
     the same rows; n_sel is not read); only those rows' V is recomputed, every other row keeps its
-    cached K, V and branch outputs.
+    cached K, V and branch outputs. `observe(q, keys, mask)`, when given, is called with the
+    recomputed rows' queries (B, H, n, head_dim, after RoPE), the keys [encoder prefix ; canvas]
+    and the rows' attention mask (None: no mask), for a cache that reads attention weights.
 
     The attention interface is the layer's own (config._attn_implementation) with the stock
     scaling, sliding window and is_causal; position_ids, which the stock layer forwards to it and
@@ -193,6 +197,8 @@ def partial_layer(layer: nn.Module, x: torch.Tensor, inputs: DecoderInputs, kind
                         else (state.k, state.v))
         mask = inputs.mask_mapping[kind]
         mask = gather_rows(mask, idx, dim=2) if mask is not None else None
+        if observe is not None:
+            observe(q, keys, mask)
         interface = mdg.ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation,
                                                               mdg.eager_attention_forward)
         o, _ = interface(attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling,
@@ -292,7 +298,9 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
         for i, layer in enumerate(layers):
             x = self._layer(i, layer, x, inputs, kinds[i], refresh, rows, n_sel)
         self._count(refresh, len(layers), n_sel / x.shape[1])
-        return mdg.DiffusionGemmaBlockDiffusionOutputWithPast(logits=split.head(x))
+        logits = split.head(x)
+        self._step_done(logits, refresh, self_conditioning_logits is None)
+        return mdg.DiffusionGemmaBlockDiffusionOutputWithPast(logits=logits)
 
     # what a cache with a per-step row selection overrides (StepSelectionCache)
     full_layers = 1  # layers [0, full_layers) run whole, uncached, on reuse steps too (the release's layer 0)
@@ -313,6 +321,9 @@ class FeatureCacheDiffusionGemma(DiffusionGemmaGenerationMixin, nn.Module):
             x, states[i] = capture_layer(layer, x, inputs, kind)
             return x
         return partial_layer(layer, x, inputs, kind, states[i], n_sel, self.similarity_dtype, rows=rows)
+
+    def _step_done(self, logits: torch.Tensor, refresh: bool, new_canvas: bool) -> None:
+        """Called with each step's logits (nothing here)."""
 
     def _count(self, refresh: bool, depth: int, fraction: float) -> None:
         c, whole = self.counters, self.full_layers
@@ -351,7 +362,7 @@ def fill_rows(want: torch.Tensor, priority: torch.Tensor) -> torch.Tensor:
 
 class StepSelectionCache(FeatureCacheDiffusionGemma):
     """The feature cache's state and partial layers with one row set per reuse step, chosen by a
-    rule from what the sampler has decided (dKV-Cache): on a reuse step every layer, layer
+    rule from what the sampler has decided (dKV-Cache, d²Cache): on a reuse step every layer, layer
     0 included, recomputes those rows only (their Q, K, V, attention and FFN), and every other row
     keeps its cached K, V and branch outputs; a refresh (TADM's rule with K) captures every layer.
 

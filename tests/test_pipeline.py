@@ -234,7 +234,8 @@ def test_asrd_table_has_every_method_on_every_task_and_model_with_numbers(repo, 
          "-p", "metrics_path", str(tmp_path / "m.json")], repo)
     rows = json.loads(out.read_text())["groups"][-1]["methods"]
     assert rows["ASRD + TADM K=4"]["refresh_every"] == 4
-    assert (tmp_path / "fig" / "asrd.md").read_text().count("ASRD + TADM K=4") == 1
+    table, aup = (tmp_path / "fig" / "asrd.md").read_text().split("**AUP**")
+    assert table.count("ASRD + TADM K=4") == 1 and "| ASRD | ASRD / ASRD + TADM K=4 |" in aup  # its AUP family
 
 
 def test_from_scratch_twice_gives_identical_bytes(repo):

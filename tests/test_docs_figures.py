@@ -8,7 +8,7 @@ files it was formatted from, until the prose is updated.
 The documents and their sources are read as committed at git HEAD (tests/committed.py): `make
 reproduce` rewrites the outputs in the working copy, and an honest rerun moves every timing, so the
 working copy's outputs after a rerun are not the run the prose quotes. A developer who updates
-outputs and prose commits them together; a fresh clone's working copy is HEAD
+outputs and prose commits them together (tests/requote_docs.py rewrites the quotes that moved); a fresh clone's working copy is HEAD
 (tests/test_docs_after_rerun.py: the checks pass after a rerun's timings, fail on a commit that
 moves a figure). Outside a git checkout the working copy is read.
 

@@ -182,6 +182,21 @@ def weights_bytes(net) -> bytes:
     return save(tensors, metadata={"format": "pt"})
 
 
+def check_out(out: Path) -> None:
+    """OUT must be new or an empty folder (a one-line DataError otherwise)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"OUT {str(out)!r} exists and is not an empty folder; refused: name a new or empty folder")
+
+
+def write_directory(out: Path, files: dict[str, bytes]) -> Path:
+    """`files` ({name: bytes}) written as the directory `out`, renamed into place when complete."""
+    with atomic_path(out, kind="dir") as tmp:
+        tmp.mkdir()
+        for name in sorted(files):
+            (tmp / name).write_bytes(files[name])
+    return out
+
+
 def export(model_dir: str | Path, out: str | Path, *, run: str | None = None, params: str | Path | None = None,
            tokenizer: str | Path | None = None) -> Path:
     """Write the hub directory of the checkpoint `model_dir` into `out` (module docstring); returns `out`."""
@@ -190,8 +205,7 @@ def export(model_dir: str | Path, out: str | Path, *, run: str | None = None, pa
     from tadm.models import load_pretrained  # lazy: tadm.models imports torch (~1.5 s); only exporting needs it
 
     model_dir, out = Path(model_dir), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"OUT {str(out)!r} exists and is not an empty folder; refused: name a new or empty folder")
+    check_out(out)
     net = load_pretrained(model_dir)  # strict; a bad checkpoint is a one-line CheckpointError
     raw = _read_json(model_dir / "config.json", "the checkpoint's config")
     family = net.model_type
@@ -233,12 +247,8 @@ def export(model_dir: str | Path, out: str | Path, *, run: str | None = None, pa
             "top_p": gen["top_p"]}).encode(),
         **{name: (REMOTE_DIR / name).read_bytes() for name in REMOTE_FILES},
     }
-    with atomic_path(out, kind="dir") as tmp:
-        tmp.mkdir()
-        for name in sorted(files):
-            (tmp / name).write_bytes(files[name])
-    return out
+    return write_directory(out, files)
 
 
-__all__ = ["export", "hub_config", "generation_config", "tokenizer_files", "weights_bytes", "MASK_TOKEN",
+__all__ = ["check_out", "write_directory", "export", "hub_config", "generation_config", "tokenizer_files", "weights_bytes", "MASK_TOKEN",
            "ARCHITECTURES"]

@@ -47,9 +47,8 @@ from safetensors.torch import load_file
 from tadm import config
 from tadm.errors import DataError
 from tadm.hub.card import BIBTEX
-from tadm.hub.export import _dump, _read_json, weights_bytes
+from tadm.hub.export import _dump, _read_json, check_out, weights_bytes, write_directory
 from tadm.hub.remote import FUSION_REMOTE_FILES, REMOTE_DIR
-from tadm.io import atomic_path
 from tadm.posttrain.fusion import HEAD_DIM, PairedAttentionFusion
 from tadm.posttrain.model import FRESH_DIR, TADM_DIR
 
@@ -290,8 +289,7 @@ def export_fusion(fusion_dir: str | Path, out: str | Path, *, base: str | None,
                   params: str | Path | None = None) -> Path:
     """Write the hub directory of the fusion `fusion_dir` into `out` (module docstring); returns `out`."""
     fusion_dir, out = Path(fusion_dir), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"OUT {str(out)!r} exists and is not an empty folder; refused: name a new or empty folder")
+    check_out(out)
     if not fusion_dir.is_dir():
         raise DataError(f"FUSION_DIR {str(fusion_dir)!r}: not a directory; {FUSION_HINT}")
     record, fusion = read_fusion(fusion_dir)
@@ -317,11 +315,7 @@ def export_fusion(fusion_dir: str | Path, out: str | Path, *, base: str | None,
         "README.md": fusion_card(cfg, p, root, fusion_dir).encode(),
         **{name: (REMOTE_DIR / name).read_bytes() for name in FUSION_REMOTE_FILES},
     }
-    with atomic_path(out, kind="dir") as tmp:
-        tmp.mkdir()
-        for name in sorted(files):
-            (tmp / name).write_bytes(files[name])
-    return out
+    return write_directory(out, files)
 
 
 __all__ = ["export_fusion", "fusion_config", "generation_config", "fusion_card", "table1_rows", "read_fusion",

@@ -206,12 +206,12 @@ def test_fill_rows_tops_up_to_equal_counts_by_priority():
 # ----------------------------------------------------------------------------- counts, batches
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_dkv_counters_are_the_rows_counted(tiny_base, k):
+def counted(model, base, k) -> tuple[list, int, float]:
+    """Generate with `model` at interval k, checking its step, refresh and stock-layer counters
+    against the hooks; returns (the recorded steps, the refreshes, the partial calls they add up to)."""
     ids, mask = batch()
-    model = dkv(tiny_base, k)
     seen = recording(model)
-    counter = DecoderLayerCalls(tiny_base)
+    counter = DecoderLayerCalls(base)
     try:
         generate(model, ids, mask, peaked=True)
     finally:
@@ -220,7 +220,14 @@ def test_dkv_counters_are_the_rows_counted(tiny_base, k):
     c = model.counters
     assert c.steps == len(seen) == CANVASES * STEPS and c.refreshes == refreshes
     assert counter.calls == c.full_layer_calls == L * refreshes
-    assert model.partial_layer_calls == pytest.approx(sum(L * rows.shape[1] / CANVAS for r, rows in seen if not r))
+    return seen, refreshes, sum(L * rows.shape[1] / CANVAS for r, rows in seen if not r)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_dkv_counters_are_the_rows_counted(tiny_base, k):
+    model = dkv(tiny_base, k)
+    seen, _, partial = counted(model, tiny_base, k)
+    assert model.partial_layer_calls == pytest.approx(partial)
     assert all(rows.shape[1] == CANVAS for r, rows in seen[1:2])  # step 1 of a canvas: every row
 
 
@@ -399,18 +406,8 @@ def test_d2cache_hand_made_steps(tiny_base):
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_d2cache_counters_are_the_rows_counted(tiny_base, k):
-    ids, mask = batch()
     model = d2(tiny_base, k)
-    seen = recording(model)
-    counter = DecoderLayerCalls(tiny_base)
-    try:
-        generate(model, ids, mask, peaked=True)
-    finally:
-        counter.close()
-    refreshes = CANVASES * -(-STEPS // k)
-    assert model.counters.steps == len(seen) == CANVASES * STEPS and model.counters.refreshes == refreshes
-    assert counter.calls == model.counters.full_layer_calls == L * refreshes
-    partial = sum(L * rows.shape[1] / CANVAS for r, rows in seen if not r)
+    seen, refreshes, partial = counted(model, tiny_base, k)
     assert model.partial_layer_calls == pytest.approx(partial) and partial < (CANVASES * STEPS - refreshes) * L
 
 
